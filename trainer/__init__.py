@@ -1,0 +1,3 @@
+"""ddp-trainer: Kubernetes-native distributed PyTorch training."""
+
+__version__ = "0.1.0"
