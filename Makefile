@@ -1,0 +1,58 @@
+# ddp-trainer: `make run` trains locally, `make test` runs every test. Both set themselves up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# The CPU wheel of torch lies on local disk here; installing it first keeps pip from
+# resolving `torch>=2.4` to a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' trainer/__init__.py)
+IMAGE ?= ghcr.io/ddp-trainer/ddp-trainer
+TAG ?= $(VERSION)
+NPROC ?= 2
+RUN_ARGS ?=
+
+.PHONY: venv tools run test lint bench k8s image push clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) -c 'import torch' 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e '.[k8s,test,lint]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# External binaries the tests drive for real: helm 3 + 4, kubectl, Prometheus/promtool.
+tools: venv
+	bash tools/install-helm.sh
+	bash tools/install-prometheus.sh
+
+run: venv
+	$(VENV)/bin/ddp-trainer run --nproc-per-node $(NPROC) --dataset digits --output-dir outputs $(RUN_ARGS)
+
+test: venv tools
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check trainer tests benchmarks
+	$(VENV)/bin/mypy
+	$(VENV)/bin/hadolint Dockerfile
+
+bench: venv
+	$(PY) benchmarks/bench_trainer.py
+	$(PY) benchmarks/bench_sampler.py
+	$(PY) benchmarks/bench_metrics.py
+
+k8s: tools
+	bash tools/render-k8s.sh
+
+image:
+	docker build -t $(IMAGE):$(TAG) --build-arg VERSION=$(VERSION) .
+
+push: image
+	docker push $(IMAGE):$(TAG)
+
+clean:
+	rm -rf $(VENV) .tools outputs checkpoints .pytest_cache .mypy_cache .ruff_cache

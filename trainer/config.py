@@ -1,0 +1,293 @@
+"""Typed configuration: one dataclass per component, one source of truth.
+
+Precedence (highest first): command-line flags, the YAML file given with ``--config``,
+the defaults below. The YAML file has one mapping per section, named as the fields of
+:class:`JobConfig` (``data``, ``model``, ``optim``, ``train``, ``checkpoint``, ``dist``,
+``metrics``, ``output``). Every value is validated before ``init_process_group`` so a bad
+setting fails on every rank at once with one line naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.errors import ConfigError
+
+DATASET_NAMES = ("digits", "synthetic")
+FILE_SUFFIXES = (".npz", ".csv")
+MODEL_NAMES = ("mymodel", "mlp", "cnn")
+STRATEGIES = ("ddp", "dp")
+SAMPLERS = ("shuffle", "torch")
+BACKENDS = ("auto", "nccl", "gloo")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "digits"
+    """`digits` (scikit-learn's bundled 8x8 digits, no download), `synthetic` (the seed's
+    random tensors), or a path to a `.npz` (arrays `x`, `y`) or `.csv` file."""
+    label_column: str = "label"
+    """Name of the label column in a `.csv` dataset; every other column is a feature."""
+    val_fraction: float = 0.2
+    """Fraction of the dataset held out for validation (0 <= f < 1), split deterministically
+    from `train.seed`."""
+    synthetic_samples: int = 1200
+    """Number of samples of the `synthetic` dataset."""
+    synthetic_features: int = 10
+    """Features per sample of the `synthetic` dataset (the seed uses 10)."""
+    synthetic_classes: int = 10
+    """Classes of the `synthetic` dataset (the seed uses 10)."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank; 0 loads in the training process, which is
+    fastest for in-memory tensors."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"
+    """`mymodel` (the seed's Linear->Linear), `mlp`, or `cnn` (image-shaped data)."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
+    """Hidden layer widths of `mlp`; the first one is also `mymodel`'s hidden width."""
+    cnn_channels: list[int] = field(default_factory=lambda: [16, 32])
+    """Output channels of the two convolution blocks of `cnn`."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 0.05
+    """Learning rate of SGD."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    weight_decay: float = 0.0
+    """L2 weight decay."""
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    """Number of passes over the training split."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps in total (0: no limit)."""
+    batch_size: int = 32
+    """Samples per rank per step; the global batch is batch_size x world size."""
+    seed: int = 0
+    """Seed of the data split, the shuffling and the model initialisation."""
+    strategy: str = "ddp"
+    """`ddp` (DistributedDataParallel, recommended) or `dp` (single-node DataParallel, the
+    seed's way)."""
+    sampler: str = "shuffle"
+    """Training sampler: `shuffle` (ddp-trainer's memory-free, resumable sampler) or
+    `torch` (torch.utils.data.distributed.DistributedSampler)."""
+    log_every: int = 10
+    """Steps between progress lines and metric updates (one device sync each)."""
+    device: str = "auto"
+    """`auto` (CUDA when available), `cpu` or `cuda`."""
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""
+    """Directory for checkpoints; empty disables checkpointing. A run that finds a valid
+    checkpoint here resumes from it."""
+    every: int = 0
+    """Also checkpoint every N optimizer steps (0: only at epoch ends)."""
+    keep: int = 3
+    """How many of the newest checkpoints to keep."""
+
+
+@dataclass
+class DistConfig:
+    backend: str = "auto"
+    """`auto` (NCCL on CUDA, gloo on CPU), `nccl` or `gloo`."""
+    timeout_seconds: float = 600.0
+    """Timeout of rendezvous and of every collective; a stuck rank fails the job after it."""
+
+
+@dataclass
+class MetricsConfig:
+    port: int = 9310
+    """Port of the Prometheus endpoint serving every local rank (0 disables it). 9310 clashes
+    with neither Prometheus (9090) nor the DCGM exporter (9400)."""
+    bind_address: str = "0.0.0.0"
+    """Address the metrics endpoint binds to."""
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "outputs"
+    """Directory for `summary.json` and `eval.json`."""
+
+
+@dataclass
+class JobConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    """Dataset and split."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model architecture."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Training loop."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpointing and resume."""
+    dist: DistConfig = field(default_factory=DistConfig)
+    """Distributed bootstrap."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Prometheus exporter."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """Outputs."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_type(where: str, value: Any, annotation: Any) -> Any:
+    """Coerce YAML/CLI `value` to `annotation` or raise ConfigError naming `where`."""
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        (item_type,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}", "write it as [a, b, ...]")
+        return [_check_type(f"{where}[{i}]", v, item_type) for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        raise AssertionError(f"unsupported annotation {annotation}")  # not used by any field
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise AssertionError(f"unsupported annotation {annotation}")
+    raise ConfigError(
+        f"{where}: expected {annotation.__name__}, got {type(value).__name__} {value!r}",
+        f"set {where} to a {annotation.__name__}",
+    )
+
+
+def _section_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
+    """Apply a nested mapping `{section: {key: value}}` onto `cfg`, checking every key."""
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections", "see README 'Configuration'")
+    sections = _section_types(JobConfig)
+    for section, values in overrides.items():
+        if section not in sections:
+            raise ConfigError(
+                f"{source}: unknown section {section!r}",
+                f"use one of: {', '.join(sections)}",
+            )
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping", "write key: value")
+        target = getattr(cfg, section)
+        hints = _section_types(type(target))
+        for key, value in values.items():
+            if key not in hints:
+                raise ConfigError(
+                    f"{source}: unknown key {section}.{key}",
+                    f"valid keys of {section}: {', '.join(hints)}",
+                )
+            setattr(target, key, _check_type(f"{section}.{key}", value, hints[key]))
+    return cfg
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist", "pass an existing file to --config")
+    try:
+        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {exc}", "fix the YAML syntax") from None
+    return loaded or {}
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """Turn `--set section.key=value` items into a nested mapping; values are YAML scalars."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        section, dot, key = name.partition(".")
+        if not sep or not dot or not key:
+            raise ConfigError(f"--set {item!r} is malformed", "write --set section.key=value")
+        out.setdefault(section, {})[key] = yaml.safe_load(raw) if raw else ""
+    return out
+
+
+def build_config(config_file: str | None, cli: dict[str, Any]) -> JobConfig:
+    """Defaults, then the YAML file, then CLI overrides; validated."""
+    cfg = JobConfig()
+    if config_file:
+        merge(cfg, load_yaml(config_file), f"config file {config_file}")
+    merge(cfg, cli, "command line")
+    validate(cfg)
+    return cfg
+
+
+def _require(ok: bool, where: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {problem}", fix)
+
+
+def validate(cfg: JobConfig) -> None:
+    d, m, o, t, c = cfg.data, cfg.model, cfg.optim, cfg.train, cfg.checkpoint
+    is_file = d.dataset.endswith(FILE_SUFFIXES)
+    _require(
+        d.dataset in DATASET_NAMES or is_file,
+        "data.dataset",
+        f"unknown dataset {d.dataset!r}",
+        f"use one of {', '.join(DATASET_NAMES)} or a path ending in .npz or .csv",
+    )
+    _require(0.0 <= d.val_fraction < 1.0, "data.val_fraction", f"{d.val_fraction} is outside [0, 1)",
+             "use e.g. --val-fraction 0.2")
+    for name in ("synthetic_samples", "synthetic_features"):
+        _require(getattr(d, name) >= 1, f"data.{name}", "must be >= 1", f"set data.{name} to 1 or more")
+    _require(d.synthetic_classes >= 2, "data.synthetic_classes", "must be >= 2", "use 2 or more")
+    _require(d.num_workers >= 0, "data.num_workers", "must be >= 0", "use 0 or more")
+    _require(m.name in MODEL_NAMES, "model.name", f"unknown model {m.name!r}",
+             f"use one of {', '.join(MODEL_NAMES)}")
+    _require(bool(m.hidden_sizes) and min(m.hidden_sizes) >= 1, "model.hidden_sizes",
+             "needs at least one width, all >= 1", "e.g. [128, 64]")
+    _require(len(m.cnn_channels) == 2 and min(m.cnn_channels) >= 1, "model.cnn_channels",
+             "needs two channel counts >= 1", "e.g. [16, 32]")
+    _require(math.isfinite(o.lr) and o.lr > 0, "optim.lr", f"{o.lr} is not a positive number",
+             "use e.g. --lr 0.05")
+    _require(0.0 <= o.momentum < 1.0, "optim.momentum", "must be in [0, 1)", "use e.g. 0.9")
+    _require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0", "use 0 or more")
+    _require(t.epochs >= 1, "train.epochs", f"{t.epochs} < 1", "use --epochs 1 or more")
+    _require(t.max_steps >= 0, "train.max_steps", "must be >= 0", "use 0 for no limit")
+    _require(t.batch_size >= 1, "train.batch_size", f"{t.batch_size} < 1", "use --batch-size 1 or more")
+    _require(t.strategy in STRATEGIES, "train.strategy", f"unknown strategy {t.strategy!r}",
+             f"use one of {', '.join(STRATEGIES)}")
+    _require(t.sampler in SAMPLERS, "train.sampler", f"unknown sampler {t.sampler!r}",
+             f"use one of {', '.join(SAMPLERS)}")
+    _require(t.log_every >= 1, "train.log_every", "must be >= 1", "use 1 or more")
+    _require(t.device in DEVICES, "train.device", f"unknown device {t.device!r}",
+             f"use one of {', '.join(DEVICES)}")
+    _require(c.every >= 0, "checkpoint.every", "must be >= 0", "use 0 for epoch ends only")
+    _require(c.keep >= 1, "checkpoint.keep", "must be >= 1", "keep at least one checkpoint")
+    _require(cfg.dist.backend in BACKENDS, "dist.backend", f"unknown backend {cfg.dist.backend!r}",
+             f"use one of {', '.join(BACKENDS)}")
+    _require(cfg.dist.timeout_seconds > 0, "dist.timeout_seconds", "must be > 0", "use e.g. 600")
+    _require(0 <= cfg.metrics.port <= 65535, "metrics.port", f"{cfg.metrics.port} is not a port",
+             "use 0 (off) or 1-65535")
