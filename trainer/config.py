@@ -35,6 +35,9 @@ class DataConfig:
     dataset: str = "digits"
     """`digits` (scikit-learn's bundled 8x8 digits, no download), `synthetic` (the seed's
     random tensors), or a path to a `.npz` (arrays `x`, `y`) or `.csv` file."""
+    num_classes: int = 0
+    """Number of classes; 0 infers max(label) + 1. A label outside [0, num_classes) is an
+    error."""
     label_column: str = "label"
     """Name of the label column in a `.csv` dataset; every other column is a feature."""
     val_fraction: float = 0.2
@@ -263,6 +266,7 @@ def validate(cfg: JobConfig) -> None:
     for name in ("synthetic_samples", "synthetic_features"):
         _require(getattr(d, name) >= 1, f"data.{name}", "must be >= 1", f"set data.{name} to 1 or more")
     _require(d.synthetic_classes >= 2, "data.synthetic_classes", "must be >= 2", "use 2 or more")
+    _require(d.num_classes >= 0, "data.num_classes", "must be >= 0", "use 0 to infer it")
     _require(d.num_workers >= 0, "data.num_workers", "must be >= 0", "use 0 or more")
     _require(m.name in MODEL_NAMES, "model.name", f"unknown model {m.name!r}",
              f"use one of {', '.join(MODEL_NAMES)}")

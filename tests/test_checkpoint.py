@@ -1,0 +1,68 @@
+"""Checkpoints: atomic, checksummed, pruned; torn or corrupt files are never loaded."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import checkpoint
+from trainer.errors import CheckpointError
+
+
+def _state(v: float) -> dict:
+    return {"w": torch.full((3,), v), "step": int(v)}
+
+
+def test_roundtrip_returns_the_saved_state(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, 7, _state(7), keep=3)
+    state, path = checkpoint.load_latest(tmp_path)  # type: ignore[misc]
+    assert path.name == "ckpt-000000007.pt" and torch.equal(state["w"], torch.full((3,), 7.0))
+
+
+def test_only_the_newest_k_are_kept(tmp_path: Path) -> None:
+    for step in range(1, 6):
+        checkpoint.save(tmp_path, step, _state(step), keep=2)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "ckpt-000000005.pt", "ckpt-000000004.pt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp leftovers
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "header"])
+def test_damaged_newest_falls_back_to_previous_with_warning(
+        tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    checkpoint.save(tmp_path, 1, _state(1), keep=3)
+    newest = checkpoint.save(tmp_path, 2, _state(2), keep=3)
+    raw = newest.read_bytes()
+    if damage == "truncate":
+        newest.write_bytes(raw[: len(raw) // 2])
+    elif damage == "flip":
+        newest.write_bytes(raw[:-10] + bytes([raw[-10] ^ 0xFF]) + raw[-9:])
+    else:
+        newest.write_bytes(b"garbage\n" + raw)
+    with caplog.at_level(logging.WARNING):
+        state, path = checkpoint.load_latest(tmp_path)  # type: ignore[misc]
+    assert state["step"] == 1 and path.name == "ckpt-000000001.pt"
+    assert "ckpt-000000002.pt" in caplog.text
+
+
+def test_no_valid_checkpoint_returns_none(tmp_path: Path) -> None:
+    (tmp_path / "ckpt-000000003.pt").write_bytes(b"")
+    assert checkpoint.load_latest(tmp_path) is None
+
+
+def test_dir_under_a_file_is_reported_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(CheckpointError, match="not writable"):
+        checkpoint.check_writable(blocker / "ckpts")
+
+
+def test_failed_save_keeps_previous_checkpoint(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, 1, _state(1), keep=3)
+    with pytest.raises(CheckpointError, match="earlier checkpoints are kept"):
+        checkpoint.save(tmp_path / "missing-subdir", 2, _state(2), keep=3)
+    state, _ = checkpoint.load_latest(tmp_path)  # type: ignore[misc]
+    assert state["step"] == 1

@@ -1,0 +1,103 @@
+"""Config: precedence, strict keys and types, help drawn from the field docstrings."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from trainer.cli import CONFIG_FLAGS, build_parser, field_docs
+from trainer.config import JobConfig, build_config, parse_set
+from trainer.errors import ConfigError
+
+
+def test_defaults_apply_when_nothing_is_given() -> None:
+    cfg = build_config(None, {})
+    assert cfg.train.batch_size == 32 and cfg.data.dataset == "digits"
+
+
+def test_cli_overrides_file_which_overrides_defaults(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  epochs: 7\n  batch_size: 8\noptim:\n  lr: 0.5\n")
+    cfg = build_config(str(f), {"train": {"epochs": 3}})
+    assert cfg.train.epochs == 3  # CLI wins over the file
+    assert cfg.train.batch_size == 8  # file wins over the default
+    assert cfg.optim.lr == 0.5
+    assert cfg.train.seed == 0  # default
+
+
+def test_unknown_key_names_the_key_and_lists_valid_ones(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  epoch: 7\n")
+    with pytest.raises(ConfigError) as exc:
+        build_config(str(f), {})
+    assert "train.epoch" in exc.value.problem and "epochs" in exc.value.fix
+
+
+def test_unknown_section_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="unknown section 'trian'"):
+        build_config(None, {"trian": {"epochs": 1}})
+
+
+def test_wrong_type_names_field_and_type() -> None:
+    with pytest.raises(ConfigError) as exc:
+        build_config(None, {"train": {"batch_size": "big"}})
+    assert "train.batch_size" in exc.value.problem and "int" in exc.value.problem
+
+
+def test_bool_is_not_accepted_as_int() -> None:
+    with pytest.raises(ConfigError, match="train.epochs"):
+        build_config(None, {"train": {"epochs": True}})
+
+
+def test_int_is_accepted_for_float_fields() -> None:
+    assert build_config(None, {"optim": {"lr": 1}}).optim.lr == 1.0
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ({"data": {"val_fraction": 1.0}}, "data.val_fraction"),
+    ({"train": {"batch_size": 0}}, "train.batch_size"),
+    ({"optim": {"lr": -1.0}}, "optim.lr"),
+    ({"model": {"name": "resnet"}}, "model.name"),
+    ({"data": {"dataset": "imagenet"}}, "data.dataset"),
+    ({"metrics": {"port": 70000}}, "metrics.port"),
+    ({"train": {"strategy": "fsdp"}}, "train.strategy"),
+])
+def test_invalid_values_fail_validation_naming_the_field(override: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        build_config(None, override)
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_config(str(tmp_path / "nope.yaml"), {})
+
+
+def test_invalid_yaml_is_a_clear_error(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        build_config(str(f), {})
+
+
+def test_set_parses_yaml_scalars_and_lists() -> None:
+    assert parse_set(["model.hidden_sizes=[8,4]", "optim.lr=0.1"]) == {
+        "model": {"hidden_sizes": [8, 4]}, "optim": {"lr": 0.1}}
+    with pytest.raises(ConfigError, match="malformed"):
+        parse_set(["lr=0.1"])
+
+
+def test_every_config_field_has_a_docstring() -> None:
+    docs = field_docs()
+    for section in dataclasses.fields(JobConfig):
+        for f in dataclasses.fields(getattr(JobConfig(), section.name)):
+            assert docs.get((section.name, f.name)), f"{section.name}.{f.name} lacks a docstring"
+
+
+def test_flag_help_is_the_field_docstring() -> None:
+    help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()  # type: ignore[union-attr]
+    docs = field_docs()
+    for flag, (section, key, _) in CONFIG_FLAGS.items():
+        assert flag in help_text
+        assert docs[(section, key)].split()[0] in help_text

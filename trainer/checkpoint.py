@@ -1,0 +1,121 @@
+"""Atomic, checksummed checkpoints: a crash mid-write never leaves a file that is loaded.
+
+File layout: one line ``DDPTCKPT1 <sha256-hex> <payload-bytes>\\n`` followed by the
+``torch.save`` payload. A save writes a temp file in the same directory, fsyncs it, renames it
+over the final name (atomic on POSIX) and fsyncs the directory so the rename survives a power
+loss. A load verifies length and checksum before unpickling, and unpickles with
+``weights_only=True`` (tensors, numbers, strings and containers only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"DDPTCKPT1"
+_NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"ckpt-{step:09d}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Checkpoint files, newest (highest step) first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _NAME.match(p.name)]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def check_writable(directory: Path) -> None:
+    """Fail before training, not at the first save, when checkpoints cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint dir {directory} is not writable ({exc.strerror})",
+                              "point --checkpoint-dir at a writable directory") from None
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write `state` for `step` atomically, then delete all but the newest `keep`."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    header = b"%s %s %d\n" % (MAGIC, hashlib.sha256(payload).hexdigest().encode(), len(payload))
+    final = checkpoint_path(directory, step)
+    tmp_name = ""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=f".{final.name}.",
+                                         delete=False) as fh:
+            tmp_name = fh.name
+            fh.write(header)
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, final)
+        _fsync_dir(directory)
+    except OSError as exc:
+        if tmp_name:
+            Path(tmp_name).unlink(missing_ok=True)
+        raise CheckpointError(
+            f"could not write checkpoint {final} ({exc.strerror}); earlier checkpoints are kept",
+            "free disk space or fix permissions of --checkpoint-dir") from None
+    for old in list_checkpoints(directory)[keep:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def read(path: Path) -> dict[str, Any]:
+    """Load one checkpoint, raising CheckpointError if it is torn or corrupt."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path} ({exc.strerror})", "check permissions") from None
+    head, sep, payload = raw.partition(b"\n")
+    parts = head.split(b" ")
+    if not sep or len(parts) != 3 or parts[0] != MAGIC:
+        raise CheckpointError(f"{path} is not a ddp-trainer checkpoint (bad header)",
+                              "delete it; the previous checkpoint is used")
+    if not parts[2].isdigit() or int(parts[2]) != len(payload):
+        raise CheckpointError(f"{path} is truncated ({len(payload)} of {parts[2].decode()} bytes)",
+                              "delete it; the previous checkpoint is used")
+    if hashlib.sha256(payload).hexdigest().encode() != parts[1]:
+        raise CheckpointError(f"{path} fails its checksum", "delete it; the previous one is used")
+    try:
+        state: dict[str, Any] = torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise CheckpointError(f"{path} cannot be unpickled ({exc})", "delete it") from None
+    return state
+
+
+def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
+    """The newest valid checkpoint; invalid newer ones are skipped with a warning."""
+    for path in list_checkpoints(directory):
+        try:
+            return read(path), path
+        except CheckpointError as exc:
+            log.warning("skipping bad checkpoint: %s", exc.problem)
+    return None

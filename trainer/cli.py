@@ -1,0 +1,228 @@
+"""Command line: ``ddp-trainer train | run | evaluate | jobs``.
+
+Each config flag is a shortcut for one config field and takes its help text from that
+field's docstring in :mod:`trainer.config`, so the help can never drift from the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import inspect
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from trainer import __version__
+from trainer.config import JobConfig, build_config
+from trainer.errors import TrainerError
+
+# flag -> (section, key, type)
+CONFIG_FLAGS: dict[str, tuple[str, str, type]] = {
+    "--dataset": ("data", "dataset", str),
+    "--val-fraction": ("data", "val_fraction", float),
+    "--model": ("model", "name", str),
+    "--lr": ("optim", "lr", float),
+    "--epochs": ("train", "epochs", int),
+    "--max-steps": ("train", "max_steps", int),
+    "--batch-size": ("train", "batch_size", int),
+    "--seed": ("train", "seed", int),
+    "--strategy": ("train", "strategy", str),
+    "--sampler": ("train", "sampler", str),
+    "--log-every": ("train", "log_every", int),
+    "--device": ("train", "device", str),
+    "--checkpoint-dir": ("checkpoint", "dir", str),
+    "--checkpoint-every": ("checkpoint", "every", int),
+    "--timeout": ("dist", "timeout_seconds", float),
+    "--metrics-port": ("metrics", "port", int),
+    "--metrics-bind-address": ("metrics", "bind_address", str),
+    "--output-dir": ("output", "dir", str),
+}
+
+
+@functools.cache
+def field_docs() -> dict[tuple[str, str], str]:
+    """(section, field) -> the docstring under that field in trainer/config.py."""
+    import trainer.config as config_module
+
+    tree = ast.parse(inspect.getsource(config_module))
+    section_of = {type(getattr(JobConfig(), name)).__name__: name
+                  for name in JobConfig.__dataclass_fields__}
+    docs: dict[tuple[str, str], str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in section_of:
+            body = node.body
+            for stmt, nxt in zip(body, body[1:], strict=False):
+                if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                        and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+                    text = " ".join(str(nxt.value.value).split())
+                    docs[(section_of[node.name], stmt.target.id)] = text.replace("%", "%%")
+    return docs
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML config file (sections as in the README); flags override it")
+    docs = field_docs()
+    for flag, (section, key, typ) in CONFIG_FLAGS.items():
+        p.add_argument(flag, type=typ, default=None, metavar=typ.__name__.upper(),
+                       help=f"{docs[(section, key)]} [{section}.{key}]")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override any config field, e.g. --set model.hidden_sizes=[256,128]")
+    _add_common(p)
+
+
+def cli_overrides(ns: argparse.Namespace) -> dict[str, Any]:
+    from trainer.config import parse_set
+
+    out = parse_set(ns.set)
+    for flag, (section, key, _) in CONFIG_FLAGS.items():
+        value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def forwarded_args(ns: argparse.Namespace) -> list[str]:
+    """The config flags of `ns` as argv for a rank process."""
+    argv: list[str] = []
+    if ns.config:
+        argv += ["--config", ns.config]
+    for flag in CONFIG_FLAGS:
+        value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            argv += [flag, str(value)]
+    for item in ns.set:
+        argv += ["--set", item]
+    if ns.debug:
+        argv.append("--debug")
+    return argv
+
+
+def _config(ns: argparse.Namespace) -> JobConfig:
+    return build_config(ns.config, cli_overrides(ns))
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from trainer import runner
+
+    runner.train(_config(ns))
+    return 0
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from trainer.data import load_splits
+    from trainer.launch import launch
+    from trainer.metrics import start_launcher_exporter
+
+    cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
+    load_splits(cfg.data, cfg.train.seed)
+    if ns.nproc_per_node < 1:
+        raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
+    if ns.max_restarts < 0:
+        raise TrainerError(f"--max-restarts {ns.max_restarts} < 0", "use 0 or more")
+    exporter = start_launcher_exporter(cfg.metrics, ns.nproc_per_node)
+    try:
+        return launch(["train", *forwarded_args(ns)], ns.nproc_per_node, ns.max_restarts,
+                      cfg.dist.timeout_seconds, exporter.env, ns.debug)
+    finally:
+        exporter.close()
+
+
+def cmd_evaluate(ns: argparse.Namespace) -> int:
+    from trainer import runner
+
+    if ns.as_rank or ns.nproc_per_node == 1:
+        runner.evaluate_checkpoint(ns.checkpoint, ns.dataset, ns.output_dir)
+        return 0
+    if ns.nproc_per_node < 1:
+        raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
+    from trainer.launch import launch
+
+    argv = ["evaluate", "--as-rank", "--checkpoint", ns.checkpoint, "--output-dir",
+            ns.output_dir]
+    if ns.dataset:
+        argv += ["--dataset", ns.dataset]
+    if ns.debug:
+        argv.append("--debug")
+    return launch(argv, ns.nproc_per_node, 0, 600.0, {}, ns.debug)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddp-trainer",
+        description="Distributed PyTorch training with exact distributed sampling and "
+                    "evaluation. Precedence: flags > --config file > defaults.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train as one rank (under torchrun, in a pod, or alone)")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("run", help="launch N local ranks on this machine and train")
+    _add_config_flags(p)
+    p.add_argument("--nproc-per-node", type=int, default=2, metavar="N",
+                   help="ranks to start on this machine (default 2; one per GPU on GPU nodes)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="restart all ranks up to K times after a rank fails; they resume from "
+                        "the newest checkpoint (default 0)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("evaluate", help="exact validation accuracy of a checkpoint")
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a ckpt-*.pt file")
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="ranks to evaluate with (the result is identical for any N)")
+    p.add_argument("--dataset", default=None,
+                   help="dataset to score (default: the checkpoint's); its validation split")
+    p.add_argument("--output-dir", default="outputs", help="where eval.json goes")
+    p.add_argument("--as-rank", action="store_true", help=argparse.SUPPRESS)
+    _add_common(p)
+    p.set_defaults(func=cmd_evaluate)
+
+    try:
+        from trainer.jobs.cli import register
+    except ImportError:  # the jobs package is optional at import time
+        pass
+    else:
+        register(sub)
+    return parser
+
+
+def setup_logging(debug: bool) -> None:
+    rank = os.environ.get("RANK")
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    # Every rank logs warnings; only rank 0 logs progress, so N ranks don't print N copies.
+    level = logging.DEBUG if debug else (logging.INFO if rank in (None, "0") else logging.WARNING)
+    logging.basicConfig(level=level, format=f"{prefix}%(levelname)s %(message)s",
+                        stream=sys.stderr, force=True)
+    logging.captureWarnings(True)
+    if not debug:
+        warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    debug = bool(getattr(ns, "debug", False))
+    setup_logging(debug)
+    try:
+        code: int = ns.func(ns)
+        return code
+    except TrainerError as err:
+        if debug:
+            raise
+        rank = os.environ.get("RANK")
+        prefix = f"[rank {rank}] " if rank is not None else ""
+        print(f"{prefix}error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130

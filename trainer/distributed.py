@@ -1,0 +1,122 @@
+"""Distributed bootstrap: one call reads the launcher's environment and joins the group.
+
+Where each variable comes from:
+
+======================  =====================================  ==================================
+variable                torchrun / ``ddp-trainer run``         Kubeflow PyTorchJob (operator v1.9)
+======================  =====================================  ==================================
+``RANK``                global rank of this process            pod rank (0 = Master); with
+                                                               ``nprocPerNode`` the pod runs our
+                                                               launcher, which sets it per process
+``WORLD_SIZE``          total processes                        total pods (x nprocPerNode)
+``LOCAL_RANK``          process index on this node             not set (one process per pod)
+``LOCAL_WORLD_SIZE``    processes on this node                 not set
+``MASTER_ADDR/PORT``    rendezvous store of the group          the Master pod's service
+``PET_*``               read by the launcher, not by ranks     set for the launcher in the pod
+======================  =====================================  ==================================
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import DistConfig
+from trainer.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """What a rank knows about its place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    initialized: bool
+    """True when a process group was created (false in the single-process fallback)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer",
+                          f"unset {name} or set it to an integer") from None
+
+
+def pick_device(device: str, local_rank: int) -> torch.device:
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("train.device is 'cuda' but no CUDA device is available",
+                          "use --set train.device=cpu or run on a GPU node")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise ConfigError(f"LOCAL_RANK {local_rank} has no GPU (this node has {count})",
+                          "set --nproc-per-node (or gpusPerReplica) to at most the GPU count")
+    return torch.device("cuda", local_rank)
+
+
+def init_distributed(cfg: DistConfig, device: str = "auto") -> DistContext:
+    """Join the process group described by the environment, or run alone.
+
+    The CUDA device is selected from ``LOCAL_RANK`` *before* ``init_process_group`` so NCCL
+    binds each rank to its own GPU (otherwise every rank creates a context on GPU 0).
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"RANK={rank} is outside [0, WORLD_SIZE={world_size})",
+                          "check the launcher's RANK and WORLD_SIZE")
+    dev = pick_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+    if backend == "nccl" and dev.type != "cuda":
+        raise ConfigError("dist.backend is 'nccl' but the device is the CPU",
+                          "use --set dist.backend=gloo (or auto) on CPU")
+    if world_size == 1 and "MASTER_ADDR" not in os.environ:
+        return DistContext(0, 1, 0, 1, dev, backend, initialized=False)
+    # NCCL's async error handling turns a hung collective into an exception after the timeout
+    # instead of a silent hang (torch >= 2.2 reads the TORCH_ prefixed name).
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise ConfigError(f"WORLD_SIZE={world_size} but {name} is not set",
+                              "launch with `ddp-trainer run` or torchrun, which set it")
+    timeout = datetime.timedelta(seconds=cfg.timeout_seconds)
+    kwargs: dict[str, object] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = dev  # eager NCCL init on the right GPU
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+                                timeout=timeout, **kwargs)  # type: ignore[arg-type]
+    return DistContext(rank, world_size, local_rank, local_world_size, dev, backend, True)
+
+
+def teardown(ctx: DistContext) -> None:
+    if ctx.initialized and dist.is_initialized():
+        dist.destroy_process_group()

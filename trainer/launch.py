@@ -1,0 +1,76 @@
+"""`ddp-trainer run`: start N local ranks with torch's elastic agent (what torchrun does).
+
+Outside a cluster the agent rendezvouses on localhost (torchrun's ``--standalone``). Inside a
+PyTorchJob pod the training operator sets ``PET_NNODES``, ``PET_NODE_RANK``,
+``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` (and ``PET_RDZV_*`` for elastic jobs); torchrun's
+own argument parser reads exactly those, so we reuse it rather than re-implement it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Mapping
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import elastic_launch
+from torch.distributed.run import config_from_args, parse_args
+
+log = logging.getLogger(__name__)
+
+CLUSTER_ENV = ("PET_NNODES", "PET_MASTER_ADDR", "PET_RDZV_ENDPOINT")
+
+
+def _launcher_argv(nproc: int, max_restarts: int, timeout_seconds: float) -> list[str]:
+    argv = ["--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts)]
+    if not any(os.environ.get(k) for k in CLUSTER_ENV):
+        # torchrun --standalone: c10d store on a free localhost port, fresh run id
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+                 "--rdzv-id", uuid.uuid4().hex]
+    argv += ["--rdzv-conf", f"timeout={int(timeout_seconds)}"]
+    return argv
+
+
+def exit_code_of(err: ChildFailedError) -> int:
+    """The first failed rank's exit code; a rank killed by signal N maps to 128 + N."""
+    failure = min(err.failures.items())[1]
+    code = failure.exitcode
+    return 128 - code if code < 0 else code
+
+
+def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds: float,
+           env: Mapping[str, str], debug: bool = False) -> int:
+    """Run ``python -m trainer <rank_argv>`` as `nproc` local ranks; return an exit code."""
+    if not debug:
+        # The agent logs a multi-line error table per failed rank; the rank itself has already
+        # printed the one-line cause, so keep only the agent's restart warnings.
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(
+            logging.CRITICAL)
+        logging.getLogger("torch.distributed.elastic.multiprocessing.errors").setLevel(
+            logging.CRITICAL)
+    args = parse_args([*_launcher_argv(nproc, max_restarts, timeout_seconds),
+                       "--module", "trainer", *rank_argv])
+    # Share the cores instead of oversubscribing them (torchrun would force 1 thread and warn).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    config, cmd, cmd_args = config_from_args(args)
+    os.environ.update(env)
+    # SIGTERM (pod eviction) goes to the agent; it forwards it to the ranks, which checkpoint
+    # and exit (see Recovery in the README).
+    try:
+        elastic_launch(config, cmd)(*cmd_args)
+    except ChildFailedError as err:
+        return exit_code_of(err)
+    except Exception as err:  # noqa: BLE001 - the agent's own failures (rendezvous, signals)
+        name = type(err).__name__
+        if name == "SignalException":
+            sig = getattr(err, "sigval", signal.SIGTERM)
+            return 128 + int(sig)
+        if debug:
+            raise
+        print(f"error: launcher failed: {err} (fix: rerun with --debug for details)",
+              file=sys.stderr)
+        return 1
+    return 0
