@@ -1,0 +1,175 @@
+"""One endpoint per host: every local rank's series at the launcher's (or local rank 0's)
+port, with real rank processes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.metrics.helpers import (
+    FAKE_RANK,
+    promtool_check_metrics,
+    rank_env,
+    run_rank,
+    scrape,
+    start_rank,
+    value,
+)
+from tests.support.prometheus import free_port
+from trainer.config import MetricsConfig
+from trainer.errors import ConfigError
+from trainer.metrics import ENV_DIR, start_launcher_exporter
+
+pytestmark = pytest.mark.slow
+
+
+def spec(rank: int, port: int, logs: list[dict[str, object]], **extra: object) -> dict[str, object]:
+    return {
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": 2,
+        "local_world_size": 2,
+        "port": port,
+        "logs": logs,
+        **extra,
+    }
+
+
+def test_launcher_serves_both_local_ranks_on_one_port(tmp_path: Path) -> None:
+    port = free_port()
+    exporter = start_launcher_exporter(MetricsConfig(port=port, bind_address="127.0.0.1"), 2)
+    try:
+        assert exporter.port == port
+        env = rank_env(exporter.env)
+        hold = tmp_path / "release"
+        ranks = [
+            start_rank(
+                spec(
+                    r,
+                    port,
+                    [{"train/loss": 1.0 + r, "train/steps": 5, "train/accuracy": 0.5}],
+                    hold=str(hold),
+                ),
+                env,
+            )
+            for r in (0, 1)
+        ]
+        try:
+            text = scrape(port)
+        finally:
+            hold.touch()
+            for proc in ranks:
+                assert proc.wait(timeout=30) == 0
+        assert value(text, "trainer_loss", rank="0", split="train") == 1.0
+        assert value(text, "trainer_loss", rank="1", split="train") == 2.0
+        assert value(text, "trainer_steps_total", rank="1") == 5
+        assert value(text, "trainer_info", rank="1", local_rank="1") == 1
+        # No pid label leaks from multiprocess mode; series are per rank only.
+        assert "pid=" not in text
+        check = promtool_check_metrics(text)
+        assert check.returncode == 0 and not (check.stdout + check.stderr).strip(), check
+        # The values outlive the rank processes until the launcher closes.
+        assert value(scrape(port), "trainer_loss", rank="1", split="train") == 2.0
+    finally:
+        exporter.close()
+    assert not Path(exporter.env[ENV_DIR]).exists()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+
+
+def test_restarted_rank_continues_counters_and_replaces_gauges() -> None:
+    port = free_port()
+    exporter = start_launcher_exporter(MetricsConfig(port=port, bind_address="127.0.0.1"), 1)
+    try:
+        env = rank_env(exporter.env)
+        first = run_rank(
+            spec(0, port, [{"run/restarts": 0}, {"train/steps": 7, "train/loss": 3.0}]), env
+        )
+        assert first.returncode == 0, first.stdout + first.stderr
+        for restarts in (1, 2):  # the elastic agent restarts the worker group twice
+            again = run_rank(
+                spec(0, port, [{"run/restarts": restarts}, {"train/steps": 2, "train/loss": 0.5}]),
+                env,
+            )
+            assert again.returncode == 0, again.stdout + again.stderr
+        text = scrape(port)
+    finally:
+        exporter.close()
+    assert value(text, "trainer_steps_total", rank="0") == 11
+    assert value(text, "trainer_restarts_total", rank="0") == 2
+    assert value(text, "trainer_loss", rank="0", split="train") == 0.5
+
+
+def test_metrics_port_zero_gives_ranks_no_environment() -> None:
+    exporter = start_launcher_exporter(MetricsConfig(port=0), 2)
+    assert exporter.env == {} and exporter.port == 0
+    exporter.close()
+
+
+def test_launcher_port_in_use_is_a_config_error_and_leaves_no_directory() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port} is already in use"):
+            start_launcher_exporter(MetricsConfig(port=port, bind_address="127.0.0.1"), 2)
+
+
+def test_rank_outside_the_launcher_reports_port_in_use_as_one_error_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_rank({**spec(0, port, []), "local_world_size": 1}, rank_env())
+    assert result.returncode == 2
+    assert result.stdout.strip().splitlines() == [
+        f"error: metrics port 127.0.0.1:{port} is already in use (fix: stop the other "
+        "process, pass another --metrics-port, or --metrics-port 0 to disable metrics)"
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_plain_torchrun_local_ranks_share_local_rank_0s_endpoint(tmp_path: Path) -> None:
+    """Without our launcher, sibling ranks (children of one agent) still share one port."""
+    port = free_port()
+    hold = tmp_path / "release"
+    out = tmp_path / "scrape.txt"
+    # This small agent plays torchrun: it is the common parent of both local ranks.
+    agent = textwrap.dedent(
+        f"""
+        import json, subprocess, sys, time, urllib.request, pathlib
+        procs = []
+        for r in (0, 1):
+            spec = {{"rank": r, "local_rank": r, "world_size": 2, "local_world_size": 2,
+                    "port": {port}, "logs": [{{"train/loss": 0.25 * (r + 1)}}],
+                    "hold": {str(hold)!r}}}
+            p = subprocess.Popen([sys.executable, {str(FAKE_RANK)!r}, json.dumps(spec)],
+                                 stdout=subprocess.PIPE, text=True)
+            assert p.stdout.readline().strip() == "ready"
+            procs.append(p)
+        text = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=10).read()
+        pathlib.Path({str(out)!r}).write_bytes(text)
+        pathlib.Path({str(hold)!r}).touch()
+        sys.exit(max(p.wait(timeout=30) for p in procs))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", agent],
+        env=rank_env({"TORCHELASTIC_RUN_ID": "test-run"}),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = out.read_text()
+    assert value(text, "trainer_loss", rank="0", split="train") == 0.25
+    assert value(text, "trainer_loss", rank="1", split="train") == 0.5
+    leftovers = list(Path(tempfile.gettempdir()).glob(f"ddp-trainer-metrics-*-test-run-{port}"))
+    assert leftovers == []  # local rank 0 removes the shared directory on close

@@ -1,0 +1,162 @@
+"""Prometheus exporter behind ``log(metrics, step)`` / ``close()``.
+
+The training loop imports only this package (never prometheus_client) and calls
+:meth:`MetricsSink.log` at its log interval with Python floats, so exporting costs no
+device synchronisation. Metric names: docs/metrics.md. Serving modes: :mod:`.serve`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
+
+from trainer.config import MetricsConfig
+from trainer.metrics.families import MetricValue, RunInfo, TrainerMetrics
+from trainer.metrics.serve import (
+    ENV_DIR,
+    PROMETHEUS_ENV_DIR,
+    HttpEndpoint,
+    LauncherExporter,
+    MetricsPortInUse,
+    counted_for_rank,
+    enable_multiprocess_values,
+    multiprocess_registry,
+    serve,
+    start_launcher_exporter,
+    torchrun_dir,
+)
+
+__all__ = [
+    "ENV_DIR",
+    "PROMETHEUS_ENV_DIR",
+    "LauncherExporter",
+    "MetricValue",
+    "MetricsPortInUse",
+    "MetricsSink",
+    "NullSink",
+    "PrometheusSink",
+    "RunInfo",
+    "build_metrics",
+    "start_launcher_exporter",
+]
+
+log = logging.getLogger(__name__)
+
+
+class MetricsSink(Protocol):
+    def log(self, metrics: Mapping[str, MetricValue], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullSink:
+    """Metrics disabled (``--metrics-port 0``)."""
+
+    def log(self, metrics: Mapping[str, MetricValue], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PrometheusSink:
+    """Updates this rank's families; serves them too when this process owns the port."""
+
+    def __init__(
+        self,
+        metrics: TrainerMetrics,
+        registry: CollectorRegistry,
+        endpoint: HttpEndpoint | None = None,
+        mode: str = "single",
+        owned_dir: Path | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.registry = registry
+        self.mode = mode
+        self._endpoint = endpoint
+        self._owned_dir = owned_dir
+
+    @property
+    def port(self) -> int:
+        """Port this process serves on (0 when another process serves our values)."""
+        return self._endpoint.port if self._endpoint is not None else 0
+
+    def log(self, metrics: Mapping[str, MetricValue], step: int) -> None:
+        # `step` is deliberately unused: a step label would make series unbounded, and
+        # the step count is exported as trainer_steps_total.
+        self.metrics.update(metrics)
+
+    def close(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None
+        if self._owned_dir is not None:
+            # Under plain torchrun nobody else cleans up; siblings still writing keep their
+            # (now unlinked) files open harmlessly until they exit.
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+
+
+def build_metrics(
+    cfg: MetricsConfig, info: RunInfo, registry: CollectorRegistry | None = None
+) -> MetricsSink:
+    """The metrics sink of one rank (see :mod:`trainer.metrics.serve` for the modes).
+
+    * ``cfg.port == 0``: a no-op sink.
+    * ``DDP_TRAINER_METRICS_DIR`` set (by ``ddp-trainer run``): write values to that
+      multiprocess directory; the launcher serves them.
+    * otherwise, one local rank: serve `registry` on ``cfg.bind_address:cfg.port``.
+    * otherwise (plain torchrun, several local ranks): share a directory per torchrun agent;
+      local rank 0 serves it.
+
+    `registry` defaults to a fresh one (never prometheus_client's global registry).
+    Raises :class:`MetricsPortInUse` (a ConfigError) when the port cannot be bound.
+    """
+    if cfg.port == 0:
+        return NullSink()
+    registry = registry if registry is not None else CollectorRegistry()
+
+    launcher_dir = os.environ.get(ENV_DIR)
+    if launcher_dir:
+        directory = Path(launcher_dir)
+        if not directory.is_dir():
+            # The launcher has gone (or the variable leaked into an unrelated process):
+            # exporting nowhere is better than failing the training run.
+            log.warning("metrics: %s=%s is not a directory; metrics disabled", ENV_DIR, directory)
+            return NullSink()
+        return _multiprocess_sink(cfg, info, registry, directory, serves=False, mode="launcher")
+
+    if info.local_world_size <= 1:
+        metrics = TrainerMetrics(registry, info)
+        return PrometheusSink(metrics, registry, serve(registry, cfg), mode="single")
+
+    directory = torchrun_dir(cfg.port)
+    directory.mkdir(parents=True, exist_ok=True)
+    return _multiprocess_sink(
+        cfg, info, registry, directory, serves=info.local_rank == 0, mode="torchrun"
+    )
+
+
+def _multiprocess_sink(
+    cfg: MetricsConfig,
+    info: RunInfo,
+    registry: CollectorRegistry,
+    directory: Path,
+    *,
+    serves: bool,
+    mode: str,
+) -> PrometheusSink:
+    enable_multiprocess_values(directory)
+    # Read before creating our own files: restarts already counted by dead predecessors.
+    baseline = counted_for_rank(directory, "trainer_restarts", info.rank)
+    metrics = TrainerMetrics(registry, info)
+    metrics.set_restarts_baseline(baseline)
+    endpoint = serve(multiprocess_registry(directory), cfg) if serves else None
+    owned = directory if serves and mode == "torchrun" else None
+    return PrometheusSink(metrics, registry, endpoint, mode=mode, owned_dir=owned)

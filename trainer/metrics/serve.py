@@ -1,0 +1,175 @@
+"""Serving: one HTTP endpoint per host, fed by one process or by every local rank.
+
+Modes (chosen by :func:`trainer.metrics.build_metrics` in each rank):
+
+* launcher: ``ddp-trainer run`` calls :func:`start_launcher_exporter` before spawning the
+  local ranks. It creates an empty multiprocess directory, serves a
+  ``MultiProcessCollector`` over it on the metrics port and hands the ranks
+  :data:`ENV_DIR` (and ``PROMETHEUS_MULTIPROC_DIR``). The ranks write their values into
+  per-process mmap files there and never bind the port.
+* single: ``ddp-trainer train`` alone (one process per pod): the rank serves its own registry.
+* torchrun: ``ddp-trainer train`` under plain ``torchrun`` with several local ranks: they
+  share a directory named after their common parent (the torchrun agent) and local rank 0
+  serves it, so the host still has one endpoint with every local rank.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server, values
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from trainer.config import MetricsConfig
+from trainer.errors import ConfigError
+
+ENV_DIR = "DDP_TRAINER_METRICS_DIR"
+"""Set by the launcher for its ranks: the multiprocess directory the launcher serves."""
+
+PROMETHEUS_ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus_client's own switch; also set so that it picks mmap values at import."""
+
+
+class MetricsPortInUse(ConfigError):
+    """The metrics endpoint could not bind its address."""
+
+
+class HttpEndpoint:
+    """A running ``/metrics`` endpoint; :meth:`close` frees the port."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        self.port = int(server.server_address[1])
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(registry: CollectorRegistry, cfg: MetricsConfig) -> HttpEndpoint:
+    """Serve `registry` on ``cfg.bind_address:cfg.port`` or raise one clear ConfigError."""
+    where = f"{cfg.bind_address}:{cfg.port}"
+    try:
+        server, thread = start_http_server(cfg.port, addr=cfg.bind_address, registry=registry)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise MetricsPortInUse(
+                f"metrics port {where} is already in use",
+                "stop the other process, pass another --metrics-port, "
+                "or --metrics-port 0 to disable metrics",
+            ) from err
+        if err.errno in (errno.EACCES, errno.EPERM):
+            raise MetricsPortInUse(
+                f"no permission to bind the metrics port {where}",
+                "use a --metrics-port above 1023",
+            ) from err
+        raise MetricsPortInUse(
+            f"cannot bind the metrics endpoint {where}: {err.strerror or err}",
+            "check --metrics-bind-address (an address of this host, or 0.0.0.0)",
+        ) from err
+    return HttpEndpoint(server, thread)
+
+
+def enable_multiprocess_values(directory: Path) -> None:
+    """Make prometheus_client in this process write values to mmap files in `directory`.
+
+    prometheus_client decides at import time, from ``PROMETHEUS_MULTIPROC_DIR``, whether
+    values live in memory or in mmap files. A rank may have imported it before the
+    launcher's environment was applied (multiprocessing spawn imports the entrypoint's
+    modules first), so switch explicitly. Must run before the first metric is created.
+    """
+    os.environ[PROMETHEUS_ENV_DIR] = str(directory)
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+
+
+def counted_for_rank(directory: Path, metric: str, rank: int) -> float:
+    """Sum of counter `metric` (``_total`` sample) over every process file of `rank`."""
+    files = [str(p) for p in directory.glob("counter_*.db")]
+    total = 0.0
+    for family in MultiProcessCollector.merge(files, accumulate=False):  # type: ignore[no-untyped-call]
+        if family.name != metric:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{metric}_total" and sample.labels.get("rank") == str(rank):
+                total += sample.value
+    return total
+
+
+def torchrun_dir(port: int) -> Path:
+    """Directory shared by the local ranks of one plain-torchrun agent.
+
+    All local ranks are children of the same agent process, so its pid (plus the run id
+    and the port) names a directory that is common to them, survives worker restarts
+    (counters stay monotonic) and differs between agents.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none").replace(os.sep, "_")
+    root = Path(tempfile.gettempdir())
+    return root / f"ddp-trainer-metrics-{os.getppid()}-{run_id}-{port}"
+
+
+def multiprocess_registry(directory: Path) -> CollectorRegistry:
+    """A registry that exposes everything written to `directory` by any process."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
+    return registry
+
+
+class LauncherExporter:
+    """The launcher's endpoint; merge :attr:`env` into every local rank's environment."""
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        endpoint: HttpEndpoint | None = None,
+        directory: Path | None = None,
+    ) -> None:
+        self.env = env
+        self._endpoint = endpoint
+        self._directory = directory
+
+    @property
+    def port(self) -> int:
+        """The bound port (0 when metrics are off)."""
+        return self._endpoint.port if self._endpoint is not None else 0
+
+    def close(self) -> None:
+        """Stop serving and delete the value files (call after the ranks exited)."""
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+
+
+def start_launcher_exporter(cfg: MetricsConfig, nproc_per_node: int) -> LauncherExporter:
+    """Serve every local rank's metrics from the launcher process on ``cfg.port``.
+
+    Returns an exporter whose ``env`` tells the ranks to write into its directory instead
+    of binding the port. ``cfg.port == 0`` returns an inert exporter with an empty env.
+    The directory is fresh (mkdtemp), so no values of an earlier run leak in; it lives as
+    long as the launcher, so counters of ranks restarted by the elastic agent continue.
+    """
+    if nproc_per_node < 1:
+        raise ConfigError(
+            f"nproc_per_node must be >= 1, got {nproc_per_node}", "pass --nproc-per-node 1 or more"
+        )
+    if cfg.port == 0:
+        return LauncherExporter(env={})
+    directory = Path(tempfile.mkdtemp(prefix="ddp-trainer-metrics-"))
+    try:
+        endpoint = serve(multiprocess_registry(directory), cfg)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    env = {ENV_DIR: str(directory), PROMETHEUS_ENV_DIR: str(directory)}
+    return LauncherExporter(env=env, endpoint=endpoint, directory=directory)
