@@ -1,0 +1,144 @@
+{{/*
+Chart name, truncated to 63 characters.
+*/}}
+{{- define "ddp-trainer.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name, which is also the PyTorchJob name. The operator names pods and headless Services
+`<job>-<replica type>-<index>` and the job name must be a DNS-1035 label, so it is truncated to
+48 characters (room for "-worker-" and a 7-digit index) and must start with a letter.
+*/}}
+{{- define "ddp-trainer.fullname" -}}
+{{- $name := "" }}
+{{- if .Values.fullnameOverride }}
+{{- $name = .Values.fullnameOverride }}
+{{- else }}
+{{- $chart := default .Chart.Name .Values.nameOverride }}
+{{- if contains $chart .Release.Name }}
+{{- $name = .Release.Name }}
+{{- else }}
+{{- $name = printf "%s-%s" .Release.Name $chart }}
+{{- end }}
+{{- end }}
+{{- $name = $name | trunc 48 | trimSuffix "-" }}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) }}
+{{- fail (printf "fullnameOverride/release name: job name %q is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter); set fullnameOverride" $name) }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{/*
+Chart name and version, for the helm.sh/chart label.
+*/}}
+{{- define "ddp-trainer.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels: stable across upgrades.
+*/}}
+{{- define "ddp-trainer.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ddp-trainer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Common labels of every object.
+*/}}
+{{- define "ddp-trainer.labels" -}}
+helm.sh/chart: {{ include "ddp-trainer.chart" . }}
+{{ include "ddp-trainer.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "ddp-trainer.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ddp-trainer
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image tag (defaults to appVersion) and full image reference.
+*/}}
+{{- define "ddp-trainer.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+
+{{- define "ddp-trainer.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (include "ddp-trainer.imageTag" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+ServiceAccount name.
+*/}}
+{{- define "ddp-trainer.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ddp-trainer.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Ranks per pod: one per GPU, at least one.
+*/}}
+{{- define "ddp-trainer.nprocPerNode" -}}
+{{- max 1 (int .Values.gpusPerReplica) }}
+{{- end }}
+
+{{/*
+Whether the pod runs the elastic launcher (`ddp-trainer run`) or a single rank (`train`).
+*/}}
+{{- define "ddp-trainer.useLauncher" -}}
+{{- if or .Values.elastic.enabled (gt (int .Values.gpusPerReplica) 1) }}true{{ end }}
+{{- end }}
+
+{{/*
+Name of the PVC backing a volume ("" when none): include "ddp-trainer.claimName" (list $ "data")
+*/}}
+{{- define "ddp-trainer.claimName" -}}
+{{- $root := index . 0 }}
+{{- $key := index . 1 }}
+{{- $p := index $root.Values.persistence $key }}
+{{- if $p.existingClaim }}
+{{- $p.existingClaim }}
+{{- else if $p.create.enabled }}
+{{- printf "%s-%s" (include "ddp-trainer.fullname" $root) $key }}
+{{- end }}
+{{- end }}
+
+{{/*
+The trainer config file: trainerConfig with the paths and the metrics port the pod provides.
+*/}}
+{{- define "ddp-trainer.trainerConfig" -}}
+{{- $cfg := deepCopy (default dict .Values.trainerConfig) }}
+{{- $_ := set $cfg "checkpoint" (merge (dict "dir" "/checkpoints") (default dict $cfg.checkpoint)) }}
+{{- $_ = set $cfg.checkpoint "dir" "/checkpoints" }}
+{{- $_ = set $cfg "output" (default dict $cfg.output) }}
+{{- $_ = set $cfg.output "dir" "/outputs" }}
+{{- $_ = set $cfg "metrics" (default dict $cfg.metrics) }}
+{{- $_ = set $cfg.metrics "port" (int .Values.metrics.port) }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+Checks the schema cannot express: cross-field rules of the training operator's admission webhook.
+*/}}
+{{- define "ddp-trainer.validate" -}}
+{{- if and .Values.elastic.enabled (lt (int .Values.worker.replicas) 1) }}
+{{- fail "elastic.enabled: an elastic PyTorchJob needs a Worker replica spec; set worker.replicas to 1 or more" }}
+{{- end }}
+{{- if .Values.elastic.enabled }}
+{{- $nodes := add 1 (int .Values.worker.replicas) }}
+{{- $min := int (default $nodes .Values.elastic.minNodes) }}
+{{- $max := int (default $nodes .Values.elastic.maxNodes) }}
+{{- if gt $min $max }}
+{{- fail (printf "elastic.minNodes (%d) must not exceed elastic.maxNodes (%d)" $min $max) }}
+{{- end }}
+{{- end }}
+{{- end }}
