@@ -1,0 +1,325 @@
+"""An in-memory Kubernetes API server, served over real HTTP, holding PyTorchJobs and pods.
+
+It is kmock's ``KubernetesEmulator`` (a stateful API emulator on aiohttp: create, get, list,
+merge-patch, delete, discovery) running on its own event loop in a background thread, so the
+synchronous ``kubernetes`` client talks to it over a real socket exactly as to an API server.
+Two things the training operator's clients rely on and kmock 0.8 does not do are added here,
+at the HTTP boundary only:
+
+- ``labelSelector`` on list requests (the job's pods are found by the operator's labels);
+- the ``pods/log`` sub-resource: a pod's log (with ``timestamps``, ``tailLines`` and
+  ``follow``), or the 400 a real API server answers while the container is waiting to start.
+
+Objects are seeded in the shapes the training operator v1.9 writes (``job()``, ``pod()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kmock
+import requests
+
+JOBS = kmock.resource("kubeflow.org/v1/pytorchjobs")
+PODS = kmock.resource("v1/pods")
+JOB_NAME = "training.kubeflow.org/job-name"
+REPLICA_TYPE = "training.kubeflow.org/replica-type"
+REPLICA_INDEX = "training.kubeflow.org/replica-index"
+T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def stamp(when: dt.datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def matches(labels: dict[str, str], selector: str) -> bool:
+    """Equality-based label selectors (``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``)."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+class OperatorEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+    """KubernetesEmulator plus label selectors on lists."""
+
+    async def _serve_list(self, request: Any) -> Any:
+        result = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector:
+            result["items"] = [
+                item for item in result["items"]
+                if matches(item.get("metadata", {}).get("labels") or {}, selector)
+            ]
+        return result
+
+
+@dataclass
+class PodLog:
+    lines: list[tuple[dt.datetime, str]] = field(default_factory=list)
+    waiting: str | None = None  # e.g. "ContainerCreating": the API answers 400
+    follow_delay: float = 0.05  # seconds between lines when followed
+
+
+class FakeCluster:
+    """The emulator on 127.0.0.1:<free port>; use as a context manager."""
+
+    def __init__(self, crd: bool = True) -> None:
+        self.crd = crd
+        self.url = ""
+        self.logs: dict[tuple[str, str], PodLog] = {}
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="k8s-emulator", daemon=True)
+        self._error: BaseException | None = None
+        self.k: Any = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> FakeCluster:
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            raise RuntimeError(f"the Kubernetes emulator did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported by __enter__
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with OperatorEmulator() as k, kmock.Server(k) as server:
+            self.k = k
+            if self.crd:
+                k.resources["kubeflow.org/v1/pytorchjobs"] = kmock.ResourceInfo(
+                    kind="PyTorchJob", singular="pytorchjob", namespaced=True,
+                    verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
+                    subresources={"status"},
+                )
+            k.resources["v1/pods"] = kmock.ResourceInfo(
+                kind="Pod", singular="pod", namespaced=True, verbs={"get", "list"},
+                subresources={"log", "status"},
+            )
+            k["get", PODS, kmock.subresource("log")] << self._serve_log
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the emulator's loop (object stores are not thread-safe)."""
+        assert self._loop is not None
+
+        async def wrapper() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(wrapper(), self._loop).result(10)
+
+    # -- seeding -----------------------------------------------------------------------
+
+    def add_job(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.call(lambda: self.k.objects.__setitem__((JOBS, meta["namespace"], meta["name"]), obj))
+
+    def add_pod(self, obj: dict[str, Any], log: PodLog | None = None) -> None:
+        meta = obj["metadata"]
+        self.call(lambda: self.k.objects.__setitem__((PODS, meta["namespace"], meta["name"]), obj))
+        self.logs[(meta["namespace"], meta["name"])] = log or PodLog()
+
+    def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Change a job as the operator would: a merge patch over HTTP."""
+        response = requests.patch(
+            f"{self.url}/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{name}",
+            json=patch, headers={"Content-Type": "application/merge-patch+json"}, timeout=10,
+        )
+        response.raise_for_status()
+
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        response = requests.get(
+            f"{self.url}/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{name}",
+            timeout=10,
+        )
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    # -- pods/log ----------------------------------------------------------------------
+
+    def _serve_log(self, request: Any) -> Any:
+        log = self.logs.get((request.namespace, request.name))
+        if log is None:
+            raise kmock.KubernetesError(
+                status=404, reason="NotFound", message=f'pods "{request.name}" not found'
+            )
+        if log.waiting:
+            container = request.params.get("container", "pytorch")
+            raise kmock.KubernetesError(
+                status=400, reason="BadRequest",
+                message=f'container "{container}" in pod "{request.name}" is waiting to '
+                        f"start: {log.waiting}",
+            )
+        lines = log.lines
+        if "tailLines" in request.params:
+            lines = lines[-int(request.params["tailLines"]):]
+        # The Python client sends booleans as "True"; the API server parses either case.
+        stamped = request.params.get("timestamps", "").lower() == "true"
+
+        def render(when: dt.datetime, text: str) -> bytes:
+            prefix = when.strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z " if stamped else ""
+            return (prefix + text + "\n").encode()
+
+        if request.params.get("follow", "").lower() != "true":
+            return b"".join(render(w, t) for w, t in lines) or b""
+
+        async def stream() -> AsyncIterator[bytes]:
+            for when, text in lines:
+                await asyncio.sleep(log.follow_delay)
+                yield render(when, text)
+
+        return stream()
+
+
+# -- object shapes, as the training operator v1.9 writes them ----------------------------
+
+
+def condition(type_: str, reason: str, message: str, at: dt.datetime,
+              status: str = "True") -> dict[str, str]:
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastUpdateTime": stamp(at), "lastTransitionTime": stamp(at)}
+
+
+def job(name: str, namespace: str = "training", *, workers: int = 2, gpus: int = 1,
+        state: str = "Running", suspend: bool = False) -> dict[str, Any]:
+    """A PyTorchJob with one master and `workers` workers, `gpus` GPUs each."""
+    def replica(count: int) -> dict[str, Any]:
+        return {
+            "replicas": count,
+            "restartPolicy": "OnFailure",
+            "template": {"spec": {"containers": [{
+                "name": "pytorch",
+                "image": "ghcr.io/ddp-trainer/ddp-trainer:0.1.0",
+                "args": ["run", "--nproc-per-node", "1"],
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {},
+            }]}},
+        }
+
+    conds = [condition("Created", "PyTorchJobCreated",
+                       f"PyTorchJob {namespace}/{name} is created.", T0)]
+    statuses = {"Master": {"active": 1}, "Worker": {"active": workers}}
+    if state in ("Running", "Succeeded", "Failed"):
+        conds.append(condition("Running", "PyTorchJobRunning",
+                               f"PyTorchJob {namespace}/{name} is running.",
+                               T0 + dt.timedelta(seconds=20)))
+    if state == "Succeeded":
+        conds[-1]["status"] = "False"
+        conds.append(condition("Succeeded", "PyTorchJobSucceeded",
+                               f"PyTorchJob {namespace}/{name} successfully completed.",
+                               T0 + dt.timedelta(minutes=30)))
+        statuses = {"Master": {"succeeded": 1}, "Worker": {"succeeded": workers}}
+    if state == "Failed":
+        conds[-1]["status"] = "False"
+        conds.append(condition("Failed", "PyTorchJobFailed",
+                               f"PyTorchJob {namespace}/{name} is failed because 1 Worker "
+                               "replica(s) failed.", T0 + dt.timedelta(minutes=5)))
+        statuses = {"Master": {"active": 0}, "Worker": {"failed": 1, "active": workers - 1}}
+    if state == "Suspended":
+        conds.append(condition("Suspended", "PyTorchJobSuspended",
+                               f"PyTorchJob {namespace}/{name} is suspended.",
+                               T0 + dt.timedelta(minutes=2)))
+        statuses = {"Master": {}, "Worker": {}}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": name, "namespace": namespace, "uid": f"uid-{name}",
+            "creationTimestamp": stamp(T0),
+            "labels": {"app.kubernetes.io/name": "ddp-trainer"},
+        },
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "None", "suspend": suspend},
+            "nprocPerNode": "1",
+            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)},
+        },
+        "status": {"conditions": conds, "replicaStatuses": statuses,
+                   "startTime": stamp(T0 + dt.timedelta(seconds=5))},
+    }
+
+
+def pod(job_name: str, replica_type: str, index: int, namespace: str = "training", *,
+        node: str = "gpu-node-1", phase: str = "Running", restarts: int = 0,
+        waiting: str | None = None) -> dict[str, Any]:
+    labels = {
+        JOB_NAME: job_name,
+        REPLICA_TYPE: replica_type,
+        REPLICA_INDEX: str(index),
+        "training.kubeflow.org/operator-name": "pytorchjob-controller",
+    }
+    if replica_type == "master":
+        labels["training.kubeflow.org/job-role"] = "master"
+    state: dict[str, Any] = (
+        {"waiting": {"reason": waiting}} if waiting
+        else {"running": {"startedAt": stamp(T0 + dt.timedelta(seconds=10))}}
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{job_name}-{replica_type}-{index}", "namespace": namespace,
+                     "labels": labels, "creationTimestamp": stamp(T0)},
+        "spec": {"nodeName": node,
+                 "containers": [{"name": "pytorch",
+                                 "image": "ghcr.io/ddp-trainer/ddp-trainer:0.1.0"}]},
+        "status": {
+            "phase": phase,
+            "startTime": stamp(T0 + dt.timedelta(seconds=8)),
+            "containerStatuses": [{
+                "name": "pytorch", "image": "ghcr.io/ddp-trainer/ddp-trainer:0.1.0",
+                "imageID": "", "ready": waiting is None and phase == "Running",
+                "restartCount": restarts, "state": state,
+            }],
+        },
+    }
+
+
+def kubeconfig(path: Any, contexts: dict[str, tuple[str, str]], current: str) -> None:
+    """Write a kubeconfig: context name -> (server URL, namespace)."""
+    import yaml
+
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": current,
+        "clusters": [{"name": f"{name}-cluster", "cluster": {"server": server}}
+                     for name, (server, _) in contexts.items()],
+        "users": [{"name": "tester", "user": {"token": "test-token"}}],
+        "contexts": [{"name": name, "context": {"cluster": f"{name}-cluster", "user": "tester",
+                                               "namespace": namespace}}
+                     for name, (_, namespace) in contexts.items()],
+    }
+    path.write_text(yaml.safe_dump(doc))

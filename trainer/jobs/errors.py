@@ -1,0 +1,58 @@
+"""Errors of the job commands: one line that names the problem and the fix."""
+
+from __future__ import annotations
+
+from trainer.errors import TrainerError
+
+# Exit codes of `jobs wait` (documented in docs/jobs.md). Every TrainerError exits with 2.
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_ERROR = TrainerError.exit_code
+EXIT_TIMEOUT = 3
+
+INSTALL_OPERATOR = (
+    'install the Kubeflow training operator v1.9: kubectl apply --server-side -k '
+    '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.3"'
+)
+
+
+class JobsError(TrainerError):
+    """A job command could not do what was asked."""
+
+
+class ClientMissing(JobsError):
+    """The optional ``k8s`` extra is not installed."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(
+            f"the job commands need the Python package {missing!r}, which is not installed",
+            "pip install 'ddp-trainer[k8s]'",
+        )
+
+
+class KubeconfigError(JobsError):
+    """No usable kubeconfig or context."""
+
+
+class ClusterUnreachable(JobsError):
+    """The API server did not answer."""
+
+
+class AccessDenied(JobsError):
+    """The API server refused the credentials or the RBAC permissions."""
+
+
+class CrdNotInstalled(JobsError):
+    """The PyTorchJob CRD (kubeflow.org/v1) is not served by this cluster."""
+
+
+class JobNotFound(JobsError):
+    """No PyTorchJob of that name in the namespace."""
+
+
+class ApiFailed(JobsError):
+    """The API server answered with an unexpected error."""
+
+
+class PrometheusError(JobsError):
+    """Prometheus could not be queried."""

@@ -1,0 +1,111 @@
+"""Text output of the job commands: kubectl-style tables and durations."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from trainer.jobs.model import JobView, PodView
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> str:
+    """Left-aligned columns separated by three spaces, like kubectl's tables."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = []
+    for row in (header, *rows):
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        lines.append(indent + "   ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def age(since: dt.datetime | None, now: dt.datetime | None = None) -> str:
+    """kubectl's short age: 45s, 12m, 3h4m, 2d5h."""
+    if since is None:
+        return "<unknown>"
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return duration((now - since).total_seconds())
+
+
+def duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours}h" if hours else f"{days}d"
+
+
+def job_table(jobs: Sequence[JobView], all_namespaces: bool) -> str:
+    header = ["NAME", "STATE", "AGE", "REPLICAS", "GPUS"]
+    if all_namespaces:
+        header.insert(0, "NAMESPACE")
+    rows = []
+    for job in jobs:
+        row = [job.name, job.state, age(job.created), f"{job.active}/{job.desired}", str(job.gpus)]
+        if all_namespaces:
+            row.insert(0, job.namespace)
+        rows.append(row)
+    return table(header, rows)
+
+
+def job_status(job: JobView, pods: Sequence[PodView]) -> str:
+    lines = [
+        f"Name:        {job.name}",
+        f"Namespace:   {job.namespace}",
+        f"State:       {job.state}",
+        f"Age:         {age(job.created)}",
+        f"Suspended:   {'yes' if job.suspended else 'no'}",
+        f"GPUs:        {job.gpus}",
+    ]
+    if job.nproc_per_node:
+        lines.append(f"Procs/node:  {job.nproc_per_node}")
+    lines.append("Replicas:")
+    lines.append(
+        table(
+            ["TYPE", "DESIRED", "ACTIVE", "SUCCEEDED", "FAILED", "GPUS/REPLICA"],
+            [
+                [r.type, str(r.replicas), str(r.active), str(r.succeeded), str(r.failed),
+                 str(r.gpus_per_replica)]
+                for r in job.replicas
+            ],
+            indent="  ",
+        )
+    )
+    lines.append("Conditions:")
+    if job.conditions:
+        lines.append(
+            table(
+                ["TYPE", "STATUS", "AGE", "REASON", "MESSAGE"],
+                [
+                    [c.type, c.status, age(c.last_transition), c.reason, c.message]
+                    for c in job.conditions
+                ],
+                indent="  ",
+            )
+        )
+    else:
+        lines.append("  <none yet: the training operator has not reconciled this job>")
+    lines.append("Pods:")
+    if pods:
+        lines.append(
+            table(
+                ["NODE-RANK", "NAME", "TYPE", "PHASE", "READY", "RESTARTS", "NODE", "AGE"],
+                [
+                    [str(p.rank), p.name, f"{p.replica_type}-{p.replica_index}",
+                     p.waiting_reason or p.phase, "yes" if p.ready else "no",
+                     str(p.restarts), p.node, age(p.started)]
+                    for p in pods
+                ],
+                indent="  ",
+            )
+        )
+    else:
+        lines.append("  <none>")
+    return "\n".join(lines)
