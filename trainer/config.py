@@ -201,7 +201,8 @@ def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
         if values is None:
             continue
         if not isinstance(values, dict):
-            raise ConfigError(f"{source}: section {section!r} must be a mapping", "write key: value")
+            raise ConfigError(f"{source}: section {section!r} must be a mapping",
+                              "write it as key: value lines")
         target = getattr(cfg, section)
         hints = _section_types(type(target))
         for key, value in values.items():
@@ -221,7 +222,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p} is not valid YAML: {exc}", "fix the YAML syntax") from None
+        raise ConfigError(f"config file {p} is not valid YAML: {exc}",
+                          "fix the YAML syntax") from None
     return loaded or {}
 
 
@@ -261,10 +263,11 @@ def validate(cfg: JobConfig) -> None:
         f"unknown dataset {d.dataset!r}",
         f"use one of {', '.join(DATASET_NAMES)} or a path ending in .npz or .csv",
     )
-    _require(0.0 <= d.val_fraction < 1.0, "data.val_fraction", f"{d.val_fraction} is outside [0, 1)",
-             "use e.g. --val-fraction 0.2")
+    _require(0.0 <= d.val_fraction < 1.0, "data.val_fraction",
+             f"{d.val_fraction} is outside [0, 1)", "use e.g. --val-fraction 0.2")
     for name in ("synthetic_samples", "synthetic_features"):
-        _require(getattr(d, name) >= 1, f"data.{name}", "must be >= 1", f"set data.{name} to 1 or more")
+        _require(getattr(d, name) >= 1, f"data.{name}", "must be >= 1",
+                 f"set data.{name} to 1 or more")
     _require(d.synthetic_classes >= 2, "data.synthetic_classes", "must be >= 2", "use 2 or more")
     _require(d.num_classes >= 0, "data.num_classes", "must be >= 0", "use 0 to infer it")
     _require(d.num_workers >= 0, "data.num_workers", "must be >= 0", "use 0 or more")
@@ -280,7 +283,8 @@ def validate(cfg: JobConfig) -> None:
     _require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0", "use 0 or more")
     _require(t.epochs >= 1, "train.epochs", f"{t.epochs} < 1", "use --epochs 1 or more")
     _require(t.max_steps >= 0, "train.max_steps", "must be >= 0", "use 0 for no limit")
-    _require(t.batch_size >= 1, "train.batch_size", f"{t.batch_size} < 1", "use --batch-size 1 or more")
+    _require(t.batch_size >= 1, "train.batch_size", f"{t.batch_size} < 1",
+             "use --batch-size 1 or more")
     _require(t.strategy in STRATEGIES, "train.strategy", f"unknown strategy {t.strategy!r}",
              f"use one of {', '.join(STRATEGIES)}")
     _require(t.sampler in SAMPLERS, "train.sampler", f"unknown sampler {t.sampler!r}",

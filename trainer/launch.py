@@ -51,8 +51,9 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
             logging.CRITICAL)
         logging.getLogger("torch.distributed.elastic.multiprocessing.errors").setLevel(
             logging.CRITICAL)
-    args = parse_args([*_launcher_argv(nproc, max_restarts, timeout_seconds),
-                       "--module", "trainer", *rank_argv])
+    argv = [*_launcher_argv(nproc, max_restarts, timeout_seconds), "--module", "trainer",
+            *rank_argv]
+    args = parse_args(argv)  # type: ignore[no-untyped-call]
     # Share the cores instead of oversubscribing them (torchrun would force 1 thread and warn).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     config, cmd, cmd_args = config_from_args(args)

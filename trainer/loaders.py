@@ -30,8 +30,9 @@ class TorchSamplerAdapter:
     """
 
     def __init__(self, dataset: InMemoryDataset, ctx: DistContext, seed: int) -> None:
-        self.inner = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                        shuffle=True, seed=seed, drop_last=False)
+        self.inner: DistributedSampler[Any] = DistributedSampler(
+            dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed,
+            drop_last=False)
         self.start_position = 0
         self.epoch = 0
 
@@ -64,7 +65,7 @@ def _loader(dataset: InMemoryDataset, batches: Iterable[list[int]], ctx: DistCon
             num_workers: int) -> DataLoader[Any]:
     return DataLoader(
         dataset,
-        batch_sampler=batches,  # type: ignore[arg-type]
+        batch_sampler=batches,
         collate_fn=passthrough_collate,  # type: ignore[arg-type]
         num_workers=num_workers,
         # pinned host memory lets the host->GPU copy run asynchronously (non_blocking=True)

@@ -20,7 +20,8 @@ class MyModel(nn.Module):
         self.fc2 = nn.Linear(hidden, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.fc1(x.flatten(1)))
+        out: Tensor = self.fc2(self.fc1(x.flatten(1)))
+        return out
 
 
 class MLP(nn.Module):

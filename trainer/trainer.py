@@ -189,7 +189,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             logits = self.model(x)
             loss = F.cross_entropy(logits, y)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             self.optimizer.step()
             self.step += 1
             epoch_steps += 1
