@@ -125,8 +125,10 @@ class DistributedWeightedSampler(StridedSampler):
         if self._order is None or self._order_epoch != self.epoch or self._order.size < needed:
             items = np.arange(self.num_weights, dtype=np.int64)
             exp = -np.log(counter_uniform(items, self._key()))
+            # log(E / w), so a subnormal weight cannot overflow to inf and tie with zero weights.
             with np.errstate(divide="ignore"):
-                keys = np.where(self._weights > 0, exp / self._weights, np.inf)
+                keys = np.log(exp) - np.log(self._weights)
+            keys[self._weights <= 0] = np.inf
             if needed < self.num_weights:
                 first = np.argpartition(keys, needed - 1)[:needed]
             else:
