@@ -1,0 +1,146 @@
+"""A real 2-rank `ddp-trainer run` scraped by a real Prometheus.
+
+Asserts through Prometheus' HTTP API that both ranks are served on the one port, that every
+dashboard query evaluates (core panels with data) and that the alert rules evaluate
+against live data; `promtool check metrics` runs on a live scrape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from tests.metrics.dashboard import label_values_as_promql, load, substitute, targets
+from tests.metrics.helpers import REPO, promtool_check_metrics, rank_env, scrape, value
+from tests.metrics.test_alerts import ALERTS
+from tests.support.prometheus import PrometheusServer, free_port
+
+pytestmark = pytest.mark.slow
+
+# Target labels a PodMonitor would attach (CONTRACTS.md "Image and chart").
+POD_LABELS = {
+    "namespace": "it-ns",
+    "pytorchjob": "digits-it",
+    "replica_type": "master",
+    "replica_index": "0",
+}
+VARIABLES = {
+    "datasource": "prometheus",
+    "namespace": POD_LABELS["namespace"],
+    "pytorchjob": POD_LABELS["pytorchjob"],
+    "__rate_interval": "10s",
+}
+# Panels that legitimately have no data on this run (CPU only).
+MAY_BE_EMPTY = {"CUDA memory per rank"}
+
+
+def start_run(port: int, tmp: Path) -> subprocess.Popen[str]:
+    # `python -m trainer` is the `ddp-trainer` console script, run from this checkout.
+    cmd = [
+        sys.executable, "-m", "trainer", "run",
+        "--nproc-per-node", "2",
+        "--metrics-port", str(port),
+        "--metrics-bind-address", "127.0.0.1",
+        "--dataset", "digits",
+        "--epochs", "80",
+        "--batch-size", "16",
+        "--log-every", "5",
+        "--output-dir", str(tmp / "out"),
+        "--checkpoint-dir", str(tmp / "ckpt"),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def live_scrape(port: int, proc: subprocess.Popen[str], timeout: float = 120) -> str:
+    """The endpoint's text once both ranks have logged a training interval."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the run ended before both ranks were scraped:\n{out[-4000:]}")
+        try:
+            text = scrape(port)
+            if (
+                all(value(text, "trainer_steps_total", rank=r) > 0 for r in ("0", "1"))
+                and 'rank="1"' in text
+            ):
+                return text
+        except (urllib.error.URLError, ConnectionError, AssertionError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"no series of both ranks at :{port}/metrics after {timeout}s")
+
+
+def test_two_rank_run_serves_both_ranks_and_every_dashboard_query_evaluates(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    with PrometheusServer(
+        [f"127.0.0.1:{port}"], rule_files=[ALERTS], scrape_interval="1s", labels=POD_LABELS
+    ) as prom:
+        proc = start_run(port, tmp_path)
+        try:
+            text = live_scrape(port, proc)
+            check = promtool_check_metrics(text)
+            assert check.returncode == 0, check.stdout + check.stderr
+            assert not (check.stdout + check.stderr).strip(), check.stdout + check.stderr
+
+            for rank in ("0", "1"):
+                for metric in ("trainer_loss", "trainer_accuracy_ratio"):
+                    rows = prom.wait_for(f'{metric}{{rank="{rank}", split="train"}} > 0', 60)
+                    assert rows[0]["metric"]["pytorchjob"] == "digits-it"
+            # A validation has run and a few seconds of samples exist for rate().
+            prom.wait_for('trainer_global_accuracy_ratio{split="val"} > 0', 60)
+            prom.wait_for("trainer_last_checkpoint_timestamp_seconds > 0", 60)
+            prom.wait_for("count_over_time(trainer_steps_total[20s]) >= 6", 60)
+            at = time.time()
+            assert proc.poll() is None, "the run ended too early for rate() windows"
+
+            dashboard = load()
+            for var in dashboard["templating"]["list"]:
+                if var["type"] != "query":
+                    continue
+                promql, label = label_values_as_promql(substitute(var["definition"], VARIABLES))
+                found = {row["metric"][label] for row in prom.query(promql, at)}
+                assert VARIABLES[var["name"]] in found, (var["name"], found)
+
+            empty = []
+            for t in targets(dashboard):
+                rows = prom.query(substitute(t.expr, VARIABLES), at)  # raises on a bad query
+                if not rows and t.panel not in MAY_BE_EMPTY:
+                    empty.append(f"{t.panel} [{t.ref}]: {t.expr}")
+            assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+
+            world = prom.query(
+                substitute('max(trainer_world_size{pytorchjob="$pytorchjob"})', VARIABLES), at
+            )
+            assert float(world[0]["value"][1]) == 2
+
+            groups = prom.api("rules")["groups"]
+            rules = [r for g in groups for r in g["rules"]]
+            assert len(rules) == 5
+            assert all(r["health"] == "ok" for r in rules), [
+                (r["name"], r.get("lastError")) for r in rules
+            ]
+            assert prom.alerts() == []  # a healthy run fires nothing
+        finally:
+            try:
+                out, _ = proc.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+        assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert not any(
+        k.startswith(("PROMETHEUS_MULTIPROC", "DDP_TRAINER_METRICS")) for k in os.environ
+    )
