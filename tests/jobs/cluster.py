@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -112,6 +113,9 @@ class FakeCluster:
             self._ready.set()
 
     async def _serve(self) -> None:
+        # aiohttp logs each request at INFO; the trainer's CLI points logging at a stderr that
+        # pytest closes after the test, so the server would log into a closed stream.
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         async with OperatorEmulator() as k, kmock.Server(k) as server:

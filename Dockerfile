@@ -1,0 +1,89 @@
+# syntax=docker/dockerfile:1.7
+# ddp-trainer image. Build with `make image` (tags ghcr.io/ddp-trainer/ddp-trainer:<version>).
+#
+#   GPU (default): official PyTorch CUDA runtime base, torch as shipped in it.
+#   CPU:           docker build --build-arg VARIANT=cpu .   (python slim + torch CPU wheel)
+#
+# The final stage has no compilers, no pip cache and no build files; it runs as UID/GID 10001
+# (the chart's securityContext) and works with a read-only root filesystem: it writes only to
+# /tmp (emptyDir; HOME and every cache live there), /outputs and /checkpoints.
+
+ARG VARIANT=gpu
+ARG GPU_BASE=pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime
+ARG CPU_BASE=python:3.12-slim-bookworm
+ARG BUILDER_BASE=python:3.12-slim-bookworm
+
+# --- wheel: build the project wheel (tests/image/test_wheel.py runs this same command) -------
+FROM ${BUILDER_BASE} AS wheel
+ARG VERSION=""
+WORKDIR /src
+RUN python -m pip install --no-cache-dir setuptools==84.2.1 wheel==0.48.0
+COPY pyproject.toml README.md ./
+COPY trainer ./trainer
+RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /dist . \
+    && if [ -n "${VERSION}" ]; then test -f "/dist/ddp_trainer-${VERSION}-py3-none-any.whl"; fi
+
+# --- runtime bases -----------------------------------------------------------------------------
+FROM ${GPU_BASE} AS base-gpu
+
+FROM ${CPU_BASE} AS base-cpu
+ARG TORCH_VERSION=2.10.0
+RUN python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
+        "torch==${TORCH_VERSION}"
+
+# --- final image -------------------------------------------------------------------------------
+# DL3006: "base-gpu"/"base-cpu" are stages of this file (pinned above), not registry images;
+# hadolint cannot resolve a stage name built from an ARG.
+# hadolint ignore=DL3006
+FROM base-${VARIANT} AS runtime
+ARG VERSION=""
+LABEL org.opencontainers.image.title="ddp-trainer" \
+      org.opencontainers.image.description="Kubernetes-native distributed PyTorch training (DDP, Prometheus metrics, Kubeflow PyTorchJob)" \
+      org.opencontainers.image.source="https://github.com/ddp-trainer/ddp-trainer" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Pinned dependencies (the versions the test suite runs with). torch is not listed: the base
+# provides it and `torch>=2.4` is already satisfied, so pip never replaces it. The wheel comes
+# in through a bind mount, so no layer keeps it.
+RUN --mount=type=bind,from=wheel,source=/dist,target=/wheels \
+    python -m pip install --no-cache-dir \
+        /wheels/ddp_trainer-*.whl \
+        numpy==2.4.6 \
+        scikit-learn==1.9.1 \
+        PyYAML==6.0.4 \
+        prometheus-client==0.26.0 \
+        tqdm==4.70.1 \
+    && ddp-trainer --version
+
+# Fixed non-root user; the directories the pod mounts exist and belong to it so the image
+# also runs without volumes (e.g. `docker run`), and /etc/ddp-trainer holds the config mount.
+RUN groupadd --system --gid 10001 trainer \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
+        --shell /usr/sbin/nologin trainer \
+    && mkdir -p /outputs /checkpoints /data /etc/ddp-trainer \
+    && chown 10001:10001 /outputs /checkpoints
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/tmp \
+    TMPDIR=/tmp \
+    XDG_CACHE_HOME=/tmp/.cache \
+    TORCH_HOME=/tmp/.cache/torch \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/.cache/torchinductor \
+    TRITON_CACHE_DIR=/tmp/.cache/triton \
+    CUDA_CACHE_PATH=/tmp/.cache/nv \
+    MPLCONFIGDIR=/tmp/.cache/matplotlib \
+    SCIKIT_LEARN_DATA=/tmp/.cache/scikit_learn_data
+
+WORKDIR /tmp
+USER 10001:10001
+EXPOSE 9310
+# Kubernetes ignores Docker health checks; the chart defines the pod's probes.
+HEALTHCHECK NONE
+ENTRYPOINT ["ddp-trainer"]
+CMD ["--help"]

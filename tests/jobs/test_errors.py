@@ -1,0 +1,141 @@
+"""Failures are one line naming the problem and the fix, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import kmock
+import pytest
+
+from tests.jobs.cluster import JOBS, FakeCluster, kubeconfig
+from trainer.jobs.cli import kubectl_main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def one_line_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "(fix: " in lines[0], err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_unreachable_cluster_names_the_server_and_context(ddp, closed_port_url: str) -> None:
+    result = ddp("list", "--context", "down")
+    assert result.code == 2
+    line = one_line_error(result.err)
+    assert f"cannot reach the Kubernetes API server {closed_port_url} (context 'down')" in line
+    assert "Connection refused" in line
+    assert "kubectl cluster-info" in line
+
+
+@pytest.mark.parametrize("command", [["list"], ["status", "mnist"], ["logs", "mnist"],
+                                     ["wait", "mnist"], ["delete", "mnist"],
+                                     ["suspend", "mnist"], ["resume", "mnist"]])
+def test_every_command_reports_a_missing_crd_with_the_install_command(
+        command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeCluster(crd=False) as bare:
+        path = tmp_path / "config"
+        kubeconfig(path, {"bare": (bare.url, "training")}, current="bare")
+        code = kubectl_main([*command, "--kubeconfig", str(path)])
+    assert code == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "does not serve pytorchjobs.kubeflow.org/v1" in line
+    assert "(the PyTorchJob CRD is not installed)" in line
+    assert "kubectl apply --server-side -k" in line and "training-operator" in line
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "wait", "delete", "suspend", "resume"])
+def test_a_missing_job_is_named_with_its_namespace(ddp, command: str) -> None:
+    result = ddp(command, "nope")
+    assert result.code == 2
+    line = one_line_error(result.err)
+    assert 'pytorchjob "nope" not found in namespace "training"' in line
+    assert "kubectl get pytorchjobs -A" in line
+
+
+def test_rbac_denial_says_which_permissions_are_missing(ddp, cluster: FakeCluster) -> None:
+    denied = kmock.KubernetesError(
+        status=403, reason="Forbidden",
+        message='pytorchjobs.kubeflow.org is forbidden: User "dev" cannot list resource '
+                '"pytorchjobs" in API group "kubeflow.org" in the namespace "secret"')
+    cluster.call(lambda: cluster.k["list", JOBS, kmock.namespace("secret")] << denied)
+    result = ddp("list", "-n", "secret")
+    assert result.code == 2
+    line = one_line_error(result.err)
+    assert "not allowed to list pytorchjobs in namespace 'secret'" in line
+    assert 'User "dev" cannot list resource' in line
+    assert "ask for RBAC on pytorchjobs.kubeflow.org" in line
+
+
+def test_unknown_context_lists_the_known_ones(ddp) -> None:
+    result = ddp("list", "--context", "prod")
+    assert result.code == 2
+    line = one_line_error(result.err)
+    assert "context 'prod' is not in kubeconfig" in line
+    assert "use one of: emulator, down" in line
+
+
+def test_missing_kubeconfig_says_how_to_point_at_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert kubectl_main(["list"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"no kubeconfig at {tmp_path / 'absent'}" in line
+    assert "--kubeconfig" in line
+
+
+def test_kubeconfig_flag_wins_over_the_environment(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    path = tmp_path / "explicit"
+    kubeconfig(path, {"mine": (cluster.url, "research")}, current="mine")
+    assert kubectl_main(["list", "--kubeconfig", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "sweep"
+
+
+def test_kubeconfig_path_list_is_merged_like_kubectl(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    kubeconfig(first, {"a": ("http://127.0.0.1:9", "training")}, current="a")
+    kubeconfig(second, {"b": (cluster.url, "research")}, current="b")
+    monkeypatch.setenv("KUBECONFIG", f"{first}{os.pathsep}{second}")
+    assert kubectl_main(["list", "--context", "b"]) == 0
+    assert "sweep" in capsys.readouterr().out
+
+
+def test_without_the_k8s_extra_the_trainer_works_and_jobs_say_what_to_install() -> None:
+    # A fresh interpreter in which `import kubernetes` fails, as without the extra.
+    code = (
+        "import sys\n"
+        "sys.modules['kubernetes'] = None\n"
+        "from trainer.cli import build_parser\n"
+        "build_parser().parse_args(['train', '--help'])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    helped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, cwd=REPO, timeout=120, check=False)
+    assert helped.returncode == 0, helped.stderr
+    assert "--max-steps" in helped.stdout
+
+    code = (
+        "import sys\n"
+        "sys.modules['kubernetes'] = None\n"
+        "from trainer.jobs.cli import kubectl_main\n"
+        "sys.exit(kubectl_main(['list']))\n"
+    )
+    failed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, cwd=REPO, timeout=120, check=False)
+    assert failed.returncode == 2
+    line = one_line_error(failed.stderr)
+    assert "need the Python package 'kubernetes'" in line
+    assert "pip install 'ddp-trainer[k8s]'" in line
