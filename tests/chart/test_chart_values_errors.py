@@ -1,0 +1,74 @@
+"""Bad values fail `helm template` (Helm 3 and Helm 4) with a message naming the offending key,
+and the install notes tell the user how to follow the job."""
+
+from __future__ import annotations
+
+import pytest
+from chartlib import CHART, NAMESPACE, RELEASE, run_helm
+
+BAD_VALUES = {
+    # case: (helm arguments, text the error must contain)
+    "negative-workers": (["--set", "worker.replicas=-1"], "replicas"),
+    "gpus-as-string": (["--set-string", "gpusPerReplica=8"], "gpusPerReplica"),
+    "unknown-top-level-key": (["--set", "workers=3"], "workers"),
+    "unknown-nested-key": (["--set", "metrics.podMonitor.enable=true"], "enable"),
+    "bad-clean-pod-policy": (["--set", "runPolicy.cleanPodPolicy=Sometimes"], "cleanPodPolicy"),
+    "bad-restart-policy": (["--set", "restartPolicy=Always"], "restartPolicy"),
+    "unknown-trainer-config-key": (["--set", "trainerConfig.train.epoch=3"], "epoch"),
+    "trainer-config-wrong-type": (["--set-string", "trainerConfig.train.epochs=3"], "epochs"),
+    "bad-pull-policy": (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+    "port-out-of-range": (["--set", "metrics.port=70000"], "port"),
+    "bad-quantity": (["--set", "shm.sizeLimit=lots"], "sizeLimit"),
+    "elastic-without-workers": (
+        ["--set", "elastic.enabled=true", "--set", "worker.replicas=0"],
+        "worker.replicas",
+    ),
+    "elastic-min-above-max": (
+        [
+            "--set",
+            "elastic.enabled=true",
+            "--set",
+            "elastic.minNodes=4",
+            "--set",
+            "elastic.maxNodes=2",
+        ],
+        "elastic.minNodes",
+    ),
+    "job-name-not-dns-1035": (["--set", "fullnameOverride=9lives"], "fullnameOverride"),
+}
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_bad_values_fail_with_a_message_naming_the_key(
+    helms: dict[str, str], which: str, case: str
+) -> None:
+    args, key = BAD_VALUES[case]
+    proc = run_helm(helms[which], "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert proc.returncode != 0, f"{case} rendered:\n{proc.stdout[:500]}"
+    assert key in proc.stderr, proc.stderr
+
+
+def test_notes_tell_how_to_watch_read_logs_by_rank_and_reach_metrics(helm4: str) -> None:
+    proc = run_helm(
+        helm4,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--dry-run=client",
+        "--set",
+        "worker.replicas=3",
+        "--set",
+        "gpusPerReplica=8",
+    )
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    job = "mytrain-ddp-trainer"
+    assert f"kubectl -n {NAMESPACE} get pytorchjob {job} -w" in notes
+    assert f"kubectl -n {NAMESPACE} logs -f {job}-master-0" in notes
+    assert f"kubectl -n {NAMESPACE} logs -f {job}-worker-0" in notes
+    assert "world size 32" in notes
+    assert f"kubectl -n {NAMESPACE} port-forward pod/{job}-master-0 9310:metrics" in notes
+    assert 'Grafana folder "ddp-trainer"' in notes
