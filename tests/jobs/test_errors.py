@@ -139,3 +139,27 @@ def test_without_the_k8s_extra_the_trainer_works_and_jobs_say_what_to_install() 
     line = one_line_error(failed.stderr)
     assert "need the Python package 'kubernetes'" in line
     assert "pip install 'ddp-trainer[k8s]'" in line
+
+
+def test_a_server_that_never_answers_fails_after_the_request_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+    import time
+
+    # The kernel completes the TCP handshake into the backlog; nobody ever reads or answers.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        path = tmp_path / "config"
+        kubeconfig(path, {"silent": (url, "training")}, current="silent")
+        started = time.monotonic()
+        code = kubectl_main(["status", "mnist", "--kubeconfig", str(path),
+                             "--request-timeout", "0.5"])
+        elapsed = time.monotonic() - started
+    assert code == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"cannot reach the Kubernetes API server {url}" in line
+    assert "timed out" in line
+    assert elapsed < 10

@@ -166,7 +166,7 @@ def _set_suspend(args: argparse.Namespace, suspend: bool) -> int:
     return 0
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|m|s|ms)")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 

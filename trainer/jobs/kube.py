@@ -164,6 +164,7 @@ def connect(target: Target) -> Cluster:
     """Load credentials like kubectl: --kubeconfig, else $KUBECONFIG, else ~/.kube/config,
     else the pod's service account; the namespace from -n, else the context, else default."""
     require_client()
+    import urllib3
     from kubeflow.training import TrainingClient
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
@@ -221,13 +222,21 @@ def connect(target: Target) -> Cluster:
     configuration.retries = 1
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     api_client = client.ApiClient(configuration)
+    training = TrainingClient(client_configuration=configuration, namespace=namespace)
+    # TrainingClient bounds its calls by waiting on a worker thread, which leaves the request
+    # hanging behind it; a socket timeout on both connection pools ends it for real.
+    # (`logs --follow` overrides the read timeout per request: logs may be quiet for long.)
+    for rest in (api_client.rest_client, training.custom_api.api_client.rest_client):
+        rest.pool_manager.connection_pool_kw["timeout"] = urllib3.Timeout(
+            connect=target.request_timeout, read=target.request_timeout
+        )
     return Cluster(
         namespace=namespace,
         server=str(configuration.host),
         context=context,
         timeout=target.request_timeout,
         api_client=api_client,
-        training=TrainingClient(client_configuration=configuration, namespace=namespace),
+        training=training,
         core=client.CoreV1Api(api_client),
         custom=client.CustomObjectsApi(api_client),
     )

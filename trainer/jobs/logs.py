@@ -126,8 +126,8 @@ def _read(cluster: Cluster, pod: PodView, *, tail: int | None, follow: bool, tim
     }
     if tail is not None:
         kwargs["tail_lines"] = tail
-    if not follow:
-        kwargs["_request_timeout"] = cluster.timeout
+    # Connect within the timeout; a followed log may then be silent for as long as it likes.
+    kwargs["_request_timeout"] = (cluster.timeout, None if follow else cluster.timeout)
     with cluster.errors(f"read the log of pod {pod.name}"):
         try:
             return cluster.core.read_namespaced_pod_log(pod.name, cluster.namespace, **kwargs)
