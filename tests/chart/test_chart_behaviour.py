@@ -404,6 +404,10 @@ def test_dashboard_configmap_is_labelled_for_the_grafana_sidecar(helm4: str) -> 
     assert cm[0]["metadata"]["annotations"] == {"grafana_folder": "ddp-trainer"}
     (payload,) = cm[0]["data"].values()
     assert json.loads(payload) == json.loads(dashboard_file.read_text())
+    default = [
+        d for d in find(render(helm4), "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")
+    ]
+    assert default and default[0]["metadata"]["namespace"] == NAMESPACE
 
 
 def test_prometheus_rule_wraps_the_groups_of_the_alerts_file(helm4: str) -> None:

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from chartlib import CHART, RESTRICTED_VALUE_SETS, as_pod, find_tool, render
+from chartlib import CHART, REPO, RESTRICTED_VALUE_SETS, as_pod, find_tool, render
 
 README = CHART / "README.md"
 
@@ -123,3 +123,40 @@ def test_readme_values_table_lists_every_value() -> None:
     leaves = {p for p in declared if not any(q.startswith(p + ".") for q in declared)}
     missing = sorted(p for p in leaves if f"| `{p}` |" not in readme)
     assert missing == [], f"add to the README values table: {missing}"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    stale = []
+    table = readme.split("\n## Values\n", 1)[1]
+    for path, default in re.findall(r"^\| `([^`]+)` \| `(.+?)` \|", table, flags=re.M):
+        value = values
+        for part in path.split("."):
+            value = value[part]
+        if default != "(see values.yaml)" and json.loads(default.replace("\\|", "|")) != value:
+            stale.append(path)
+    assert stale == [], f"defaults in the README values table differ from values.yaml: {stale}"
+
+
+YAMLLINT_CONFIG = """
+extends: default
+rules:
+  line-length: {max: 120, level: warning}  # the dashboard JSON carries long PromQL
+  document-start: disable
+  indentation: {spaces: consistent, indent-sequences: whatever}
+  comments: {min-spaces-from-content: 1}
+  truthy: {check-keys: false}
+"""
+
+
+def test_chart_values_and_plain_manifests_pass_yamllint() -> None:
+    from yamllint import linter
+    from yamllint.config import YamlLintConfig
+
+    config = YamlLintConfig(YAMLLINT_CONFIG)
+    files = [CHART / "Chart.yaml", CHART / "values.yaml", *sorted((REPO / "k8s").glob("*.yaml"))]
+    files += sorted((REPO / "tests" / "chart" / "values").glob("*.yaml"))
+    problems = [
+        f"{f.relative_to(REPO)}:{p.line}: {p.desc}"
+        for f in files
+        for p in linter.run(f.read_text(), config, str(f))
+        if p.level == "error"
+    ]
+    assert problems == []
