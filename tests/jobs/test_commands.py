@@ -51,7 +51,7 @@ def test_status_shows_conditions_replicas_and_pods_with_node_and_restarts(ddp) -
     assert "GPUs:        6" in out
     assert "PyTorchJobRunning" in out and "PyTorchJob training/mnist is running." in out
     pods = {line.split()[1]: line.split() for line in out.split("Pods:")[1].splitlines()[2:]}
-    # NODE-RANK NAME TYPE PHASE READY RESTARTS NODE AGE
+    # RANKS NAME TYPE PHASE READY RESTARTS NODE AGE
     assert pods["mnist-master-0"][0] == "0" and pods["mnist-master-0"][6] == "gpu-node-1"
     assert pods["mnist-worker-0"][0] == "1" and pods["mnist-worker-0"][6] == "gpu-node-2"
     assert pods["mnist-worker-1"][0] == "2"
@@ -186,3 +186,20 @@ def test_suspending_a_finished_job_is_refused(ddp, cluster: FakeCluster) -> None
     assert result.code == 2
     assert "already Succeeded; it cannot be suspended" in result.err
     assert cluster.job("training", "done")["spec"]["runPolicy"]["suspend"] is False
+
+
+def test_logs_of_pods_with_several_ranks_name_the_rank_range(ddp, cluster: FakeCluster) -> None:
+    from tests.jobs.cluster import job
+
+    big = job("big", workers=1, gpus=4)
+    big["spec"]["nprocPerNode"] = "4"
+    cluster.add_job(big)
+    cluster.add_pod(pod("big", "master", 0), PodLog([(T0, "INFO step 1")]))
+    cluster.add_pod(pod("big", "worker", 0), PodLog([(T0, "[rank 5] WARNING slow")]))
+    result = ddp("logs", "big", "--rank", "5")
+    assert result.code == 0, result.err
+    assert result.out.splitlines() == ["[ranks 4-7] [rank 5] WARNING slow"]
+    status = ddp("status", "big").out
+    assert "Ranks/pod:   4" in status
+    assert [line.split()[0] for line in status.split("Pods:")[1].splitlines()[2:]] == [
+        "0-3", "4-7"]

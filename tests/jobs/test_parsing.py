@@ -45,10 +45,16 @@ def pod(replica_type: str, index: int) -> PodView:
 
 def test_node_ranks_follow_the_operator_master_first_then_workers() -> None:
     ranked = rank_pods([pod("worker", 1), pod("master", 0), pod("worker", 0)])
-    assert [(p.name, p.rank) for p in ranked] == [
-        ("j-master-0", 0), ("j-worker-0", 1), ("j-worker-1", 2)]
+    assert [(p.name, p.node_rank, p.rank_label) for p in ranked] == [
+        ("j-master-0", 0, "0"), ("j-worker-0", 1, "1"), ("j-worker-1", 2, "2")]
 
 
 def test_node_ranks_of_a_job_without_master_start_at_worker_zero() -> None:
     ranked = rank_pods([pod("worker", 1), pod("worker", 0)])
-    assert [(p.name, p.rank) for p in ranked] == [("j-worker-0", 0), ("j-worker-1", 1)]
+    assert [(p.name, p.node_rank) for p in ranked] == [("j-worker-0", 0), ("j-worker-1", 1)]
+
+
+def test_pods_with_several_ranks_cover_consecutive_global_ranks() -> None:
+    ranked = rank_pods([pod("master", 0), pod("worker", 0), pod("worker", 1)], ranks_per_pod=4)
+    assert [p.rank_label for p in ranked] == ["0-3", "4-7", "8-11"]
+    assert 5 in ranked[1].ranks and 8 not in ranked[1].ranks

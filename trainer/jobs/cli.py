@@ -87,7 +87,8 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
             "print the logs of all ranks, merged by time, each line prefixed with [rank N]")
     _name(p)
     p.add_argument("--rank", type=int, metavar="N",
-                   help="only the pod of node rank N (master-0 is 0, worker-i is i+1)")
+                   help="only the pod that runs training rank N (with one rank per pod: "
+                        "master-0 is 0, worker-i is i+1)")
     p.add_argument("-f", "--follow", action="store_true",
                    help="stream the logs until the pods end (Ctrl-C stops)")
     p.add_argument("--tail", type=int, metavar="LINES",

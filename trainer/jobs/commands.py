@@ -32,10 +32,11 @@ def get_job(cluster: Cluster, name: str) -> JobView:
                                                  timeout=cluster.timeout))
 
 
-def get_pods(cluster: Cluster, name: str) -> list[PodView]:
-    with cluster.errors(f"list the pods of pytorchjob {name}"):
-        pods = cluster.training.get_job_pods(name, cluster.namespace, timeout=cluster.timeout)
-    return rank_pods([pod_view(p) for p in pods])
+def get_pods(cluster: Cluster, job: JobView) -> list[PodView]:
+    with cluster.errors(f"list the pods of pytorchjob {job.name}"):
+        pods = cluster.training.get_job_pods(job.name, cluster.namespace,
+                                             timeout=cluster.timeout)
+    return rank_pods([pod_view(p) for p in pods], job.ranks_per_pod)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -61,7 +62,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
     job = get_job(cluster, args.name)
-    pods = get_pods(cluster, args.name)
+    pods = get_pods(cluster, job)
     print(render.job_status(job, pods))
     if args.prometheus:
         sys.stdout.flush()
@@ -75,12 +76,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
-    get_job(cluster, args.name)  # a clear "not found" instead of "no pods"
-    pods = get_pods(cluster, args.name)
+    job = get_job(cluster, args.name)  # a clear "not found" instead of "no pods"
+    pods = get_pods(cluster, job)
     if args.rank is not None:
-        chosen = [p for p in pods if p.rank == args.rank]
+        chosen = [p for p in pods if args.rank in p.ranks]
         if not chosen:
-            known = ", ".join(str(p.rank) for p in pods) or "none"
+            known = ", ".join(p.rank_label for p in pods) or "none"
             raise JobsError(
                 f"pytorchjob {args.name!r} has no pod with rank {args.rank} (ranks: {known})",
                 "pick a rank from `status`, or leave out --rank for all ranks",

@@ -1,4 +1,4 @@
-"""Logs of a job's pods, one line per log line, each prefixed with the pod's node rank.
+"""Logs of a job's pods, one line per log line, each prefixed with the pod's training rank(s).
 
 Without --follow every pod's log is read with kubelet timestamps and the pods are merged by
 time, so lines of different ranks appear in the order they were written. With --follow one
@@ -27,7 +27,8 @@ class Line:
 
 
 def prefix(pod: PodView) -> str:
-    return f"[rank {pod.rank}] "
+    # With several ranks per pod the trainer's own lines also carry "[rank r]" (non-zero r).
+    return f"[rank {pod.rank_label}] " if pod.ranks_per_pod == 1 else f"[ranks {pod.rank_label}] "
 
 
 def read_merged(cluster: Cluster, pods: list[PodView], tail: int | None, err: TextIO) -> list[Line]:

@@ -73,6 +73,14 @@ class JobView:
     def gpus(self) -> int:
         return sum(r.replicas * r.gpus_per_replica for r in self.replicas)
 
+    @property
+    def ranks_per_pod(self) -> int:
+        """Training processes per pod: spec.nprocPerNode when it is a number (the chart sets
+        one), else one per GPU ("gpu"/"auto" on GPU pods), else 1."""
+        if self.nproc_per_node and self.nproc_per_node.isdigit():
+            return max(int(self.nproc_per_node), 1)
+        return max((r.gpus_per_replica for r in self.replicas), default=0) or 1
+
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
 
@@ -87,8 +95,26 @@ class PodView:
     restarts: int
     ready: bool
     started: dt.datetime | None = None
-    rank: int = 0  # node rank (PET_NODE_RANK), filled in by rank_pods()
     waiting_reason: str = field(default="")
+    # Filled in by rank_pods(): the node rank (PET_NODE_RANK) and the global training ranks
+    # the pod runs, node_rank * ranks_per_pod ... + ranks_per_pod - 1.
+    node_rank: int = 0
+    ranks_per_pod: int = 1
+
+    @property
+    def first_rank(self) -> int:
+        return self.node_rank * self.ranks_per_pod
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.ranks_per_pod)
+
+    @property
+    def rank_label(self) -> str:
+        """"3" for one rank per pod, "4-7" for four."""
+        if self.ranks_per_pod == 1:
+            return str(self.first_rank)
+        return f"{self.first_rank}-{self.ranks.stop - 1}"
 
 
 def job_view(job: Any) -> JobView:
@@ -152,18 +178,18 @@ def pod_view(pod: Any) -> PodView:
     )
 
 
-def rank_pods(pods: list[PodView]) -> list[PodView]:
-    """Order pods by node rank and fill it in: the operator gives master-0 node rank 0 and
-    worker-i node rank i+1 (i when the job has no master), as PET_NODE_RANK in the pod."""
+def rank_pods(pods: list[PodView], ranks_per_pod: int = 1) -> list[PodView]:
+    """Order pods by node rank and fill in their ranks: the operator gives master-0 node rank
+    0 and worker-i node rank i+1 (i when the job has no master), as PET_NODE_RANK."""
     has_master = any(p.replica_type == "master" for p in pods)
     ranked = []
     for pod in pods:
         if pod.replica_type == "master":
-            rank = pod.replica_index
+            node_rank = pod.replica_index
         else:
-            rank = pod.replica_index + (1 if has_master else 0)
-        ranked.append(replace(pod, rank=rank))
-    return sorted(ranked, key=lambda p: (p.rank, p.name))
+            node_rank = pod.replica_index + (1 if has_master else 0)
+        ranked.append(replace(pod, node_rank=node_rank, ranks_per_pod=ranks_per_pod))
+    return sorted(ranked, key=lambda p: (p.node_rank, p.name))
 
 
 def _gpus(template: Any) -> int:

@@ -64,8 +64,7 @@ def job_status(job: JobView, pods: Sequence[PodView]) -> str:
         f"Suspended:   {'yes' if job.suspended else 'no'}",
         f"GPUs:        {job.gpus}",
     ]
-    if job.nproc_per_node:
-        lines.append(f"Procs/node:  {job.nproc_per_node}")
+    lines.append(f"Ranks/pod:   {job.ranks_per_pod}")
     lines.append("Replicas:")
     lines.append(
         table(
@@ -96,9 +95,9 @@ def job_status(job: JobView, pods: Sequence[PodView]) -> str:
     if pods:
         lines.append(
             table(
-                ["NODE-RANK", "NAME", "TYPE", "PHASE", "READY", "RESTARTS", "NODE", "AGE"],
+                ["RANKS", "NAME", "TYPE", "PHASE", "READY", "RESTARTS", "NODE", "AGE"],
                 [
-                    [str(p.rank), p.name, f"{p.replica_type}-{p.replica_index}",
+                    [p.rank_label, p.name, f"{p.replica_type}-{p.replica_index}",
                      p.waiting_reason or p.phase, "yes" if p.ready else "no",
                      str(p.restarts), p.node, age(p.started)]
                     for p in pods
