@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -144,3 +145,22 @@ def test_two_rank_run_serves_both_ranks_and_every_dashboard_query_evaluates(
     assert not any(
         k.startswith(("PROMETHEUS_MULTIPROC", "DDP_TRAINER_METRICS")) for k in os.environ
     )
+
+
+def test_run_with_the_metrics_port_taken_fails_with_one_error_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "trainer", "run", "--nproc-per-node", "2",
+             "--metrics-port", str(port), "--metrics-bind-address", "127.0.0.1",
+             "--dataset", "digits", "--epochs", "1", "--output-dir", str(tmp_path)],
+            cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: metrics port 127.0.0.1:{port} is already in use (fix: stop the other "
+        "process, pass another --metrics-port, or --metrics-port 0 to disable metrics)"
+    ]
+    assert not (tmp_path / "summary.json").exists()

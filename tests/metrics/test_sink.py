@@ -16,6 +16,7 @@ from trainer.config import MetricsConfig
 from trainer.errors import ConfigError
 from trainer.metrics import (
     MetricsPortInUse,
+    MetricValue,
     NullSink,
     PrometheusSink,
     RunInfo,
@@ -96,7 +97,7 @@ def test_rank0_only_series_are_absent_on_other_ranks_and_present_on_rank0() -> N
 
 def test_train_interval_log_sets_gauges_and_accumulates_counters() -> None:
     m, reg = fresh()
-    interval = {
+    interval: dict[str, MetricValue] = {
         "train/loss": 0.75,
         "train/accuracy": 0.5,
         "train/steps": 10,
