@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +68,7 @@ def kubeconfig_file(cluster: FakeCluster, closed_port_url: str, tmp_path: Path,
 
 
 @pytest.fixture
-def ddp(kubeconfig_file: Path, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+def ddp(kubeconfig_file: Path, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
     """Run ``kubectl ddp ARGS`` in-process; return exit code, stdout and stderr."""
     def run(*args: str) -> Result:
         capsys.readouterr()
