@@ -164,3 +164,26 @@ def test_run_with_the_metrics_port_taken_fails_with_one_error_line(tmp_path: Pat
         "process, pass another --metrics-port, or --metrics-port 0 to disable metrics)"
     ]
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_plain_torchrun_serves_both_local_ranks_on_one_port(tmp_path: Path) -> None:
+    """`ddp-trainer train` under torchrun (no launcher of ours): local rank 0 serves all."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "trainer", "train",
+        "--metrics-port", str(port), "--metrics-bind-address", "127.0.0.1",
+        "--dataset", "digits", "--epochs", "60", "--batch-size", "16", "--log-every", "5",
+        "--output-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        text = live_scrape(port, proc)
+    finally:
+        out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    for rank in ("0", "1"):
+        assert value(text, "trainer_info", rank=rank, local_rank=rank) == 1
+    assert "pid=" not in text
