@@ -41,12 +41,12 @@ def test_it_is_multi_stage_with_the_wheel_built_apart_from_the_runtime() -> None
     assert not docker.final.all("COPY") and not docker.final.all("ADD")
 
 
-@pytest.mark.parametrize("arg", ["GPU_BASE", "CPU_BASE", "BUILDER_BASE"])
-def test_base_images_are_pinned_to_a_version(arg: str) -> None:
-    image = parse().global_args[arg]
+@pytest.mark.parametrize("stage", ["wheel", "base-gpu", "base-cpu"])
+def test_base_images_are_pinned_to_a_version(stage: str) -> None:
+    image = parse().stage(stage).base
     name, _, tag = image.partition(":")
     assert tag and tag != "latest" and re.match(r"\d", tag), image
-    if arg == "GPU_BASE":  # an official CUDA PyTorch runtime (no compilers in it)
+    if stage == "base-gpu":  # an official CUDA PyTorch runtime (no compilers in it)
         assert name == "pytorch/pytorch" and re.fullmatch(
             r"\d+\.\d+\.\d+-cuda\d+\.\d+-cudnn\d+-runtime", tag), image
 
@@ -54,7 +54,7 @@ def test_base_images_are_pinned_to_a_version(arg: str) -> None:
 def test_the_cpu_variant_installs_the_same_torch_as_the_gpu_base() -> None:
     docker = parse()
     torch = docker.stage("base-cpu").all("ARG")[0].args.partition("=")[2]
-    assert docker.global_args["GPU_BASE"].split(":")[1].startswith(f"{torch}-")
+    assert docker.stage("base-gpu").base.split(":")[1].startswith(f"{torch}-")
     run = docker.stage("base-cpu").all("RUN")[0].args
     assert "--index-url https://download.pytorch.org/whl/cpu" in run
     assert '"torch==${TORCH_VERSION}"' in run
