@@ -161,3 +161,16 @@ def test_position_outside_the_dataset_is_rejected() -> None:
     state["position"] = 1001
     with pytest.raises(ValueError, match="outside"):
         DistributedShuffleSampler(range(1000)).load_state_dict(state)
+
+
+def test_a_minimal_state_with_only_the_contract_fields_loads() -> None:
+    s = DistributedShuffleSampler(range(100), 3, 2, seed=1)
+    s.load_state_dict({"seed": 1, "epoch": 0, "position": 40, "num_samples": 100})
+    assert (s.start_position, len(s)) == (40, 20)
+
+
+def test_a_state_without_a_position_is_rejected() -> None:
+    with pytest.raises(ValueError, match="lacks 'position'"):
+        DistributedShuffleSampler(range(100)).load_state_dict(
+            {"seed": 0, "epoch": 0, "num_samples": 100}
+        )

@@ -34,6 +34,8 @@ class DistributedShuffleSampler(StridedSampler):
     meaning here; the *state dict's* ``"num_samples"`` is ``len(dataset)``.
     """
 
+    required_identity = ("seed", "num_samples")
+
     def __init__(
         self,
         dataset: Sized | int,

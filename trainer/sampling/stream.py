@@ -40,6 +40,9 @@ class StridedSampler(Sampler[int]):
     and :meth:`_identity`.
     """
 
+    required_identity: tuple[str, ...] = ("num_samples",)
+    """Identity fields a loaded state must carry; the others are checked when present."""
+
     wrap_padding = True
     """Padding positions repeat the first remaining ones (torch). A sampler whose stream is
     infinite (weighted draws) sets False and looks padding positions up like any other."""
@@ -127,12 +130,13 @@ class StridedSampler(Sampler[int]):
         a later :meth:`set_epoch` with the same epoch keeps it, any other epoch starts at 0.
         Raises ValueError when the dataset size, seed or other identity fields differ.
         """
-        for key, mine in self._identity().items():
+        for key in ("epoch", "position", *self.required_identity):
             if key not in state:
                 raise ValueError(
                     f"sampler state lacks {key!r} (fix: pass the dict from state_dict())"
                 )
-            if int(state[key]) != mine:
+        for key, mine in self._identity().items():
+            if key in state and int(state[key]) != mine:
                 raise ValueError(
                     f"sampler state has {key}={state[key]} but this sampler has {key}={mine} "
                     "(fix: resume with the same dataset, split and seed as the checkpoint, "

@@ -63,12 +63,16 @@ class DistributedWeightedSampler(StridedSampler):
     draws (at most ``R - 1`` more than asked). Without replacement, if the world needs more
     draws than there are items of non-zero weight, the order wraps (repeats) as torch pads.
 
+    The global draw count is the attribute :attr:`draws`; :attr:`num_samples` is this rank's
+    count, as for the other samplers (torch's ``WeightedRandomSampler.num_samples`` is global).
+
     ``set_epoch`` gives fresh draws per epoch; ``state_dict``/``load_state_dict`` resume like
     :class:`~trainer.sampling.DistributedShuffleSampler` (state: seed, epoch, position,
     ``num_samples`` = draws per epoch, ``num_weights``, ``replacement``).
     """
 
     wrap_padding = False
+    required_identity = ("seed", "num_samples")
 
     def __init__(
         self,
