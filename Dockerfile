@@ -46,14 +46,19 @@ LABEL org.opencontainers.image.title="ddp-trainer" \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Pinned dependencies (the versions the test suite runs with). torch is not listed: the base
-# provides it and `torch>=2.4` is already satisfied, so pip never replaces it. The wheel comes
-# in through a bind mount, so no layer keeps it.
+# The trainer's dependencies and theirs, pinned (the versions the test suite was run with).
+# torch is not listed: the base provides it (with its own dependencies) and `torch>=2.4` is
+# already satisfied, so pip never replaces it. The wheel comes in through a bind mount, so no
+# layer keeps it.
 RUN --mount=type=bind,from=wheel,source=/dist,target=/wheels \
     python -m pip install --no-cache-dir \
         /wheels/ddp_trainer-*.whl \
         numpy==2.4.6 \
         scikit-learn==1.9.1 \
+        scipy==1.17.1 \
+        joblib==1.6.0 \
+        threadpoolctl==3.8.0 \
+        narwhals==2.29.0 \
         PyYAML==6.0.4 \
         prometheus-client==0.26.0 \
         tqdm==4.70.1 \

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
+from packaging.requirements import Requirement
 
 from tests.image.dockerfile import REPO, parse, resolve
 
@@ -121,3 +123,20 @@ def test_build_args_resolve_to_existing_stage_names() -> None:
     docker = parse()
     for variant in ("gpu", "cpu"):
         assert resolve(docker.final.base, {"VARIANT": variant}) in {s.name for s in docker.stages}
+
+
+def test_every_runtime_dependency_of_the_package_is_pinned_in_the_image() -> None:
+    def norm(name: str) -> str:
+        return name.lower().replace("_", "-")
+
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    specifiers = {norm(Requirement(r).name): Requirement(r).specifier for r in dependencies}
+    install = next(r.args for r in parse().final.all("RUN") if "/wheels/ddp_trainer-" in r.args)
+    pinned = {norm(w.partition("==")[0]): w.partition("==")[2]
+              for w in install.split() if "==" in w}
+    # torch comes with the base image (GPU) or the base-cpu stage, pinned there.
+    for name, specifier in specifiers.items():
+        if name == "torch":
+            continue
+        assert name in pinned, f"{name} is a dependency but not pinned in the image"
+        assert specifier.contains(pinned[name]), (name, str(specifier), pinned[name])
