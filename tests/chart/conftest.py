@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from chartlib import find_tool
+
+from .chartlib import find_tool
 
 
 @pytest.fixture(scope="session")

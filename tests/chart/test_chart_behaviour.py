@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chartlib import (
+
+from .chartlib import (
     CHART,
     NAMESPACE,
     REPO,
@@ -174,7 +175,7 @@ def test_config_file_is_mounted_where_the_command_reads_it(helm4: str) -> None:
 
 
 def test_trainer_config_schema_lists_exactly_the_trainer_config_fields() -> None:
-    from update_trainer_config_schema import trainer_config_sections
+    from .update_trainer_config_schema import trainer_config_sections
 
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["trainerConfig"]
     assert schema["additionalProperties"] is False

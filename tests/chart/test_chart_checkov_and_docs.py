@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from chartlib import CHART, REPO, RESTRICTED_VALUE_SETS, as_pod, find_tool, render
+
+from .chartlib import CHART, REPO, RESTRICTED_VALUE_SETS, as_pod, find_tool, render
 
 README = CHART / "README.md"
 

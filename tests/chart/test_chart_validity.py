@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from chartlib import (
+
+from .chartlib import (
     CHART,
     NAMESPACE,
     VALUE_SETS,

@@ -4,7 +4,8 @@ and the install notes tell the user how to follow the job."""
 from __future__ import annotations
 
 import pytest
-from chartlib import CHART, NAMESPACE, RELEASE, run_helm
+
+from .chartlib import CHART, NAMESPACE, RELEASE, run_helm
 
 BAD_VALUES = {
     # case: (helm arguments, text the error must contain)

@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from chartlib import REPO, crd_errors, k8s_errors
+
+from .chartlib import REPO, crd_errors, k8s_errors
 
 K8S = REPO / "k8s"
 
