@@ -51,9 +51,17 @@ def promtool_check_metrics(text: str) -> subprocess.CompletedProcess[str]:
 
 
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of a fake rank: this checkout importable, no inherited metrics dir."""
-    env = {k: v for k, v in os.environ.items() if "MULTIPROC_DIR" not in k.upper()}
-    env.pop("DDP_TRAINER_METRICS_DIR", None)
+    """Environment of a rank or run: this checkout importable, nothing inherited that
+    would make it join another job or write into another metrics directory."""
+    dropped = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+               "MASTER_PORT", "DDP_TRAINER_METRICS_DIR"}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in dropped
+        and "MULTIPROC_DIR" not in k.upper()
+        and not k.startswith(("PET_", "TORCHELASTIC_"))
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra or {})
     return env
