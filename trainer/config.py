@@ -127,7 +127,10 @@ class MetricsConfig:
 @dataclass
 class OutputConfig:
     dir: str = "outputs"
-    """Directory for `summary.json` and `eval.json`."""
+    """Directory for `summary.json`, `eval.json` and `steps.jsonl`."""
+    step_log: bool = True
+    """Rank 0 appends each step's training loss to `steps.jsonl` (written once per log
+    interval, so it costs no extra device sync)."""
 
 
 @dataclass

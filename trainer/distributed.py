@@ -110,6 +110,16 @@ def init_distributed(cfg: DistConfig, device: str = "auto") -> DistContext:
     kwargs: dict[str, object] = {}
     if backend == "nccl":
         kwargs["device_id"] = dev  # eager NCCL init on the right GPU
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # The elastic agent's store outlives a restart, and torch reuses the same keys each
+        # attempt: restarted ranks would read the dead ranks' addresses and fail to connect.
+        # A per-attempt prefix gives every restart a clean namespace.
+        attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+        agent_store = dist.TCPStore(  # type: ignore[attr-defined]
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                    world_size, is_master=False, timeout=timeout)
+        kwargs["store"] = dist.PrefixStore(  # type: ignore[attr-defined]
+            f"/ddp-trainer/attempt_{attempt}", agent_store)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,

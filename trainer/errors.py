@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class TrainerError(Exception):
     """An error caused by input or environment, reported without a traceback.
@@ -30,6 +32,20 @@ class TrainingDiverged(TrainerError):
     """The loss became NaN or infinite."""
 
     exit_code = 3
+
+
+class Preempted(TrainerError):
+    """SIGTERM (eviction, preemption): stopped at a step boundary after checkpointing."""
+
+    # 128 + SIGTERM = 143: the training operator's ExitCode restart policy retries 128-255 and
+    # treats 1-127 as permanent failures.
+    exit_code = 128 + int(signal.SIGTERM)
+
+
+class RankLost(TrainerError):
+    """Another rank stopped responding or died; raised instead of hanging."""
+
+    exit_code = 4
 
 
 class CheckpointError(TrainerError):

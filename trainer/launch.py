@@ -30,7 +30,8 @@ def _launcher_argv(nproc: int, max_restarts: int, timeout_seconds: float) -> lis
         # torchrun --standalone: c10d store on a free localhost port, fresh run id
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
                  "--rdzv-id", uuid.uuid4().hex]
-    argv += ["--rdzv-conf", f"timeout={int(timeout_seconds)}"]
+    if not os.environ.get("PET_RDZV_CONF"):  # an elastic PyTorchJob's own settings win
+        argv += ["--rdzv-conf", f"timeout={int(timeout_seconds)}"]
     return argv
 
 

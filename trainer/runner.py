@@ -8,14 +8,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from trainer import __version__, checkpoint
 from trainer.config import JobConfig, merge, validate
 from trainer.data import load_splits
 from trainer.distributed import DistContext, init_distributed, teardown
-from trainer.errors import CheckpointError, DataError
+from trainer.errors import CheckpointError, DataError, RankLost
 from trainer.evaluate import evaluate
 from trainer.metrics import RunInfo, build_metrics
 from trainer.models import build_model
+from trainer.stopping import StopFlag
 from trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -43,19 +46,44 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
+_LOST_RANK_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "Timed out", "timed out", "Timeout", "NCCL communicator was aborted")
+
+
+def lost_rank_error(err: Exception, cfg: JobConfig) -> RankLost | None:
+    """A collective failure caused by another rank, as one clear error; None otherwise."""
+    text = str(err)
+    if not isinstance(err, dist.DistError) and not any(s in text for s in _LOST_RANK_SIGNS):
+        return None
+    first = text.strip().splitlines()[0][:200] if text.strip() else type(err).__name__
+    return RankLost(
+        f"another rank stopped responding or died (collective failed: {first}); "
+        f"collectives time out after dist.timeout_seconds={cfg.dist.timeout_seconds:g}",
+        "read the other ranks' logs for the first error; raise --timeout only if a step "
+        "legitimately takes longer")
+
+
 def train(cfg: JobConfig) -> dict[str, Any]:
     """Train on this rank; rank 0 writes ``summary.json``. Returns the summary."""
     splits = load_splits(cfg.data, cfg.train.seed)  # before joining: bad data fails fast
     if cfg.checkpoint.dir:
         checkpoint.check_writable(Path(cfg.checkpoint.dir))
+    stop = StopFlag()
+    stop.install()  # before joining, so an early SIGTERM is not lost
     ctx = init_distributed(cfg.dist, cfg.train.device)
     metrics = None
     try:
         metrics = build_metrics(cfg.metrics, run_info(cfg, ctx, splits.name))
         metrics.log({"run/restarts": float(restart_count())}, 0)
-        trainer = Trainer(cfg, ctx, splits, metrics)
+        trainer = Trainer(cfg, ctx, splits, metrics, stop)
         trainer.maybe_resume()
-        summary = trainer.train()
+        try:
+            summary = trainer.train()
+        except (RuntimeError, dist.DistError) as err:
+            lost = lost_rank_error(err, cfg) if ctx.initialized else None
+            if lost is None:
+                raise
+            raise lost from err
         if ctx.is_main:
             path = write_json(cfg.output.dir, "summary.json", summary)
             log.info("done: %d steps, %.0f samples/s, train loss %.4f, val accuracy %.4f "
@@ -64,6 +92,7 @@ def train(cfg: JobConfig) -> dict[str, Any]:
                      summary["val_correct"], summary["val_total"], path)
         return summary
     finally:
+        stop.uninstall()
         if metrics is not None:
             metrics.close()
         teardown(ctx)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
 import sys
@@ -12,18 +14,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import checkpoint
+from trainer.batching import BatchPlan, plan_batches
 from trainer.config import JobConfig
 from trainer.data import DataSplits
 from trainer.distributed import DistContext
-from trainer.errors import ConfigError, TrainingDiverged
+from trainer.errors import ConfigError, Preempted, TrainingDiverged
 from trainer.evaluate import EvalResult, evaluate
 from trainer.loaders import build_train_sampler, to_device, train_loader
 from trainer.models import build_model
+from trainer.stopping import StopFlag
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +53,27 @@ def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
+class _Interval:
+    """What one log interval accumulates; tensors stay on the device until the flush."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.losses: list[torch.Tensor] = []
+        self.correct = torch.zeros((), dtype=torch.int64, device=device)
+        self.samples = 0
+        self.wait = 0.0
+        self.step_times: list[float] = []
+
+
 class Trainer:
     """Owns model, optimizer, sampler and progress; ``state_dict`` captures all of it."""
 
     def __init__(self, cfg: JobConfig, ctx: DistContext, splits: DataSplits,
-                 metrics: MetricsLogger) -> None:
+                 metrics: MetricsLogger, stop: StopFlag | None = None) -> None:
         self.cfg = cfg
         self.ctx = ctx
         self.splits = splits
         self.metrics = metrics
+        self.stop = stop or StopFlag()
         t = cfg.train
         self.raw_model = build_model(cfg.model, splits.feature_shape, splits.num_classes,
                                      t.seed).to(ctx.device)
@@ -65,37 +82,44 @@ class Trainer:
                                          momentum=cfg.optim.momentum,
                                          weight_decay=cfg.optim.weight_decay)
         self.sampler = build_train_sampler(t.sampler, splits.train, ctx, t.seed)
-        self.loader = train_loader(splits.train, self.sampler, t.batch_size, ctx,
-                                   cfg.data.num_workers)
-        # Progress, all of it checkpointed.
+        # Checkpointed progress.
+        self.plan = BatchPlan(t.batch_size, 1, ctx.world_size)
+        """Per-rank micro-batch and accumulation; the global batch survives world changes."""
         self.epoch = 0
         """Epoch in progress (0-based)."""
         self.step = 0
         """Optimizer steps taken in total."""
         self.epoch_loss_sum = 0.0
-        """This rank's summed training loss over the epoch so far (for `train_loss`)."""
+        """Summed per-step training loss of the epoch so far (this rank; all ranks in a
+        checkpoint, which rank 0 alone reloads)."""
         self.epoch_loss_count = 0
-        """Batches behind `epoch_loss_sum`."""
+        """Steps behind `epoch_loss_sum`."""
         self.train_loss: float | None = None
         """Global mean training loss of the last finished (or stopped) epoch."""
+        # Per-process bookkeeping, not checkpointed.
         self.resumed_step: int | None = None
         self.last_eval: EvalResult | None = None
         self.samples_this_run = 0
         """Samples this process trained since it started (for samples_per_second)."""
+        self.step_log = Path(cfg.output.dir) / "steps.jsonl" if cfg.output.step_log else None
 
     # -- checkpointable state ------------------------------------------------------------
     def state_dict(self, consumed: int | None) -> dict[str, Any]:
-        """`consumed`: global sample positions of the current epoch trained so far, or None
-        at an epoch boundary (resume starts the next epoch)."""
+        """All progress. `consumed`: global sample positions of the current epoch trained so
+        far, or None at an epoch boundary (resume starts the next epoch). Collective: every
+        rank calls it at the same step, since the epoch's loss sums are reduced over ranks."""
+        mid_epoch = consumed is not None
+        loss_sum, loss_count = self._reduce_epoch_loss() if mid_epoch else (0.0, 0)
         return {
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "epoch": self.epoch if consumed is not None else self.epoch + 1,
+            "epoch": self.epoch if mid_epoch else self.epoch + 1,
             "step": self.step,
             "sampler": self.sampler.state_dict(consumed) if consumed is not None else None,
-            "epoch_loss_sum": self.epoch_loss_sum if consumed is not None else 0.0,
-            "epoch_loss_count": self.epoch_loss_count if consumed is not None else 0,
+            "epoch_loss_sum": loss_sum,
+            "epoch_loss_count": loss_count,
             "train_loss": self.train_loss,
+            "global_batch": self.plan.global_batch,
             "world_size": self.ctx.world_size,
             "rng_cpu": torch.get_rng_state(),
             "config": self.cfg.to_dict(),
@@ -106,12 +130,21 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
         self.step = int(state["step"])
-        self.epoch_loss_sum = float(state["epoch_loss_sum"])
-        self.epoch_loss_count = int(state["epoch_loss_count"])
+        # The saved sums cover all ranks: rank 0 carries them on, the others start from zero.
+        main = self.ctx.is_main
+        self.epoch_loss_sum = float(state["epoch_loss_sum"]) if main else 0.0
+        self.epoch_loss_count = int(state["epoch_loss_count"]) if main else 0
         self.train_loss = state["train_loss"]
         if state["sampler"] is not None:
             self.sampler.load_state_dict(state["sampler"])
         torch.set_rng_state(state["rng_cpu"])
+        if int(state["global_batch"]) != self.plan.global_batch:
+            self.plan = plan_batches(int(state["global_batch"]), self.ctx.world_size,
+                                     max_micro=self.cfg.train.batch_size)
+            log.warning("world size changed %d -> %d: keeping the global batch %d as %d per "
+                        "rank x %d accumulation steps", state["world_size"],
+                        self.ctx.world_size, self.plan.global_batch, self.plan.micro_batch,
+                        self.plan.accum_steps)
         self.resumed_step = self.step
 
     def maybe_resume(self) -> None:
@@ -134,7 +167,8 @@ class Trainer:
     # -- loop ----------------------------------------------------------------------------
     def planned_steps(self) -> int:
         per_rank = math.ceil(len(self.splits.train) / self.ctx.world_size)
-        total = math.ceil(per_rank / self.cfg.train.batch_size) * self.cfg.train.epochs
+        micro_steps = math.ceil(per_rank / self.plan.micro_batch)
+        total = math.ceil(micro_steps / self.plan.accum_steps) * self.cfg.train.epochs
         return min(total, self.cfg.train.max_steps) if self.cfg.train.max_steps else total
 
     def _done(self) -> bool:
@@ -142,13 +176,15 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Train to `train.epochs` or `train.max_steps`; return the summary (same on all ranks)."""
+        loader = train_loader(self.splits.train, self.sampler, self.plan.micro_batch, self.ctx,
+                              self.cfg.data.num_workers)
         planned = self.planned_steps()
         bar = _progress_bar(self.ctx.is_main, planned, self.step)
         start = time.perf_counter()
         self.metrics.log({"run/resumed_step": float(self.resumed_step or 0)}, self.step)
         try:
             while self.epoch < self.cfg.train.epochs and not self._done():
-                consumed = self._train_epoch(planned, bar)
+                consumed = self._train_epoch(loader, planned, bar)
                 self.train_loss = self._epoch_mean_loss()
                 self.last_eval = self._validate()
                 if consumed is not None:  # stopped by max_steps inside the epoch
@@ -164,77 +200,93 @@ class Trainer:
                 bar.close()
         return self._summary(time.perf_counter() - start)
 
-    def _train_epoch(self, planned: int, bar: Any) -> int | None:
+    def _train_epoch(self, loader: Any, planned: int, bar: Any) -> int | None:
         """Run the rest of the current epoch; return None when its data is exhausted, else the
         global sample position reached (max_steps stopped it)."""
-        t, ctx = self.cfg.train, self.ctx
+        ctx, plan = self.ctx, self.plan
         self.sampler.set_epoch(self.epoch)
         start_position = int(getattr(self.sampler, "start_position", 0))
-        batches = len(self.loader)
+        micro_total = len(loader)  # equal on every rank: the sampler pads short shards
+        positions_per_micro = plan.micro_batch * ctx.world_size
         self.model.train()
-        global_batch = t.batch_size * ctx.world_size
-        # Interval accumulators stay on the device: the loop waits for the GPU only once per
-        # log interval, never per step.
-        loss_acc = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        correct_acc = torch.zeros((), dtype=torch.int64, device=ctx.device)
-        samples_acc = steps_acc = epoch_steps = 0
-        wait_acc = 0.0
-        step_times: list[float] = []
-        it = iter(self.loader)
-        while epoch_steps < batches and not self._done():
+        interval = _Interval(ctx.device)
+        it = iter(loader)
+        micro = 0
+        while micro < micro_total and not self._done():
             t0 = time.perf_counter()
-            batch = next(it)
-            t1 = time.perf_counter()
-            x, y = to_device(batch, ctx.device)
+            k = min(plan.accum_steps, micro_total - micro)
             self.optimizer.zero_grad(set_to_none=True)
-            logits = self.model(x)
-            loss = F.cross_entropy(logits, y)
-            loss.backward()  # type: ignore[no-untyped-call]
+            step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
+            for j in range(k):
+                tw = time.perf_counter()
+                x, y = to_device(next(it), ctx.device)
+                interval.wait += time.perf_counter() - tw
+                # Gradients are all-reduced only on the last micro-batch of an accumulation.
+                sync = j == k - 1 or not isinstance(self.model, DistributedDataParallel)
+                with contextlib.nullcontext() if sync else self._ddp().no_sync():
+                    logits = self.model(x)
+                    loss = F.cross_entropy(logits, y)
+                    (loss / k).backward()  # type: ignore[no-untyped-call]
+                step_loss += loss.detach().double() / k
+                interval.correct += (logits.detach().argmax(dim=1) == y).sum()
+                interval.samples += len(y)
             self.optimizer.step()
+            micro += k
             self.step += 1
-            epoch_steps += 1
-            loss_acc += loss.detach().double()
-            correct_acc += (logits.detach().argmax(dim=1) == y).sum()
-            samples_acc += len(y)
-            steps_acc += 1
-            wait_acc += t1 - t0
-            step_times.append(time.perf_counter() - t0)
-            at_ckpt = self._checkpoint_due() and epoch_steps < batches
-            if self.step % t.log_every == 0 or at_ckpt or epoch_steps == batches or self._done():
-                self._flush(loss_acc, correct_acc, samples_acc, steps_acc, wait_acc, step_times,
-                            planned, bar)
-                loss_acc.zero_()
-                correct_acc.zero_()
-                samples_acc = steps_acc = 0
-                wait_acc, step_times = 0.0, []
+            interval.losses.append(step_loss)
+            interval.step_times.append(time.perf_counter() - t0)
+            at_ckpt = self._checkpoint_due() and micro < micro_total
+            if (self.step % self.cfg.train.log_every == 0 or at_ckpt or micro == micro_total
+                    or self._done()):
+                self._flush(interval, planned, bar)
+                interval = _Interval(ctx.device)
+                if self.stop.any_rank(ctx.device, ctx.initialized):
+                    self._preempt(start_position + micro * positions_per_micro)
             if at_ckpt:
-                self._save(start_position + epoch_steps * global_batch)
-        if epoch_steps == batches:
+                self._save(start_position + micro * positions_per_micro)
+        if micro == micro_total:
             return None
-        return start_position + epoch_steps * global_batch
+        return start_position + micro * positions_per_micro
+
+    def _ddp(self) -> DistributedDataParallel:
+        assert isinstance(self.model, DistributedDataParallel)
+        return self.model
+
+    def _preempt(self, consumed: int) -> None:
+        """Checkpoint where every rank stands and leave with a retryable exit status."""
+        saved = self._save(consumed)
+        where = f"checkpoint {saved}" if saved else "the last checkpoint (rank 0 saved it)"
+        if self.checkpoint_dir is None:
+            where = "nowhere: checkpointing is off"
+        raise Preempted(f"stopped by SIGTERM at step {self.step}; progress kept in {where}",
+                        "nothing to fix: restarting the job resumes from there")
 
     def _checkpoint_due(self) -> bool:
         every = self.cfg.checkpoint.every
         return self.checkpoint_dir is not None and every > 0 and self.step % every == 0
 
-    def _flush(self, loss_acc: torch.Tensor, correct_acc: torch.Tensor, samples: int,
-               steps: int, wait: float, step_times: list[float], planned: int,
-               bar: Any) -> None:
-        loss_sum, correct = loss_acc.item(), int(correct_acc.item())  # the one sync
+    def _flush(self, interval: _Interval, planned: int, bar: Any) -> None:
+        losses = torch.stack(interval.losses).tolist()  # the interval's one device sync
+        correct = int(interval.correct.item())
+        loss_sum = math.fsum(losses)
         if not math.isfinite(loss_sum):
             raise TrainingDiverged(f"training loss became {loss_sum} by step {self.step}",
                                    "lower --lr or check the data for extreme values")
+        steps = len(losses)
         self.epoch_loss_sum += loss_sum
         self.epoch_loss_count += steps
-        self.samples_this_run += samples
+        self.samples_this_run += interval.samples
+        if self.step_log is not None and self.ctx.is_main:
+            self._append_step_log(losses)
         mean_loss = loss_sum / steps
+        accuracy = correct / interval.samples
         metrics: dict[str, float | Sequence[float]] = {
             "train/loss": mean_loss,
-            "train/accuracy": correct / samples,
+            "train/accuracy": accuracy,
             "train/steps": float(steps),
-            "train/samples": float(samples),
-            "train/step_seconds": step_times,
-            "train/data_wait_seconds": wait,
+            "train/samples": float(interval.samples),
+            "train/step_seconds": interval.step_times,
+            "train/data_wait_seconds": interval.wait,
             "train/lr": float(self.optimizer.param_groups[0]["lr"]),
             "train/epoch": float(self.epoch),
             "train/progress_ratio": min(1.0, self.step / planned) if planned else 1.0,
@@ -249,15 +301,29 @@ class Trainer:
             bar.set_postfix(epoch=self.epoch, loss=f"{mean_loss:.4f}")
         elif self.ctx.is_main:
             log.info("epoch %d step %d loss %.4f acc %.3f", self.epoch, self.step, mean_loss,
-                     correct / samples)
+                     accuracy)
 
-    def _epoch_mean_loss(self) -> float | None:
-        """Sum and count reduced over ranks (never a mean of per-rank means)."""
+    def _append_step_log(self, losses: list[float]) -> None:
+        """Rank 0's per-step loss, one JSON line per step (recomputed steps appear again)."""
+        assert self.step_log is not None
+        self.step_log.parent.mkdir(parents=True, exist_ok=True)
+        first = self.step - len(losses) + 1
+        with self.step_log.open("a", encoding="utf-8") as fh:
+            for i, value in enumerate(losses):
+                fh.write(json.dumps({"step": first + i, "epoch": self.epoch, "loss": value})
+                         + "\n")
+
+    def _reduce_epoch_loss(self) -> tuple[float, int]:
+        """Sum and count over ranks (never a mean of per-rank means)."""
         t = torch.tensor([self.epoch_loss_sum, float(self.epoch_loss_count)],
                          dtype=torch.float64, device=self.ctx.device)
         if self.ctx.initialized:
-            torch.distributed.all_reduce(t)
+            dist.all_reduce(t)
         loss_sum, count = t.tolist()
+        return loss_sum, int(count)
+
+    def _epoch_mean_loss(self) -> float | None:
+        loss_sum, count = self._reduce_epoch_loss()
         return loss_sum / count if count else self.train_loss
 
     def _validate(self) -> EvalResult:
@@ -273,20 +339,24 @@ class Trainer:
                      self.step, glob.accuracy, glob.correct, glob.total, glob.loss)
         return glob
 
-    def _save(self, consumed: int | None) -> None:
+    def _save(self, consumed: int | None) -> Path | None:
+        """Checkpoint (collective: all ranks call it; rank 0 writes)."""
         directory = self.checkpoint_dir
-        if directory is None or not self.ctx.is_main:
-            return
-        path = checkpoint.save(directory, self.step, self.state_dict(consumed),
-                               self.cfg.checkpoint.keep)
+        if directory is None:
+            return None
+        state = self.state_dict(consumed)
+        if not self.ctx.is_main:
+            return None
+        path = checkpoint.save(directory, self.step, state, self.cfg.checkpoint.keep)
         self.metrics.log({"checkpoint/last_timestamp": time.time()}, self.step)
         log.debug("saved %s", path)
+        return path
 
     def _summary(self, wall: float) -> dict[str, Any]:
         total = torch.tensor([float(self.samples_this_run)], dtype=torch.float64,
                              device=self.ctx.device)
         if self.ctx.initialized:
-            torch.distributed.all_reduce(total)
+            dist.all_reduce(total)
         samples = total.item()
         ev = self.last_eval
         assert ev is not None
@@ -302,6 +372,7 @@ class Trainer:
             "val_total": ev.total,
             "val_loss": ev.loss,
             "wall_seconds": wall,
+            "global_batch": self.plan.global_batch,
             "resumed_from_step": self.resumed_step,
         }
 
