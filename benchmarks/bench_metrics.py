@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -46,8 +47,9 @@ def scrape_loop(port: int, stop: threading.Event, count: list[int]) -> None:
             pass  # before the launcher binds / after it closes
 
 
-def one_run(metrics_on: bool, epochs: int, batch_size: int) -> tuple[float, int]:
-    """samples/s of one 2-rank run, and how many scrapes it served."""
+def one_run(metrics_on: bool, epochs: int, batch_size: int) -> tuple[float, float, int]:
+    """samples/s of one 2-rank run, the CPU seconds of its process tree per 1000 samples,
+    and how many scrapes it served."""
     port = free_port() if metrics_on else 0
     with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
         cmd = [
@@ -66,12 +68,17 @@ def one_run(metrics_on: bool, epochs: int, batch_size: int) -> tuple[float, int]
         scraper = threading.Thread(target=scrape_loop, args=(port, stop, count), daemon=True)
         if metrics_on:
             scraper.start()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         try:
             subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, text=True)
         finally:
             stop.set()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         summary = json.loads((Path(tmp) / "summary.json").read_text())
-    return float(summary["samples_per_second"]), count[0]
+    # CPU time (launcher and ranks; includes start-up) hardly depends on how busy the
+    # machine is, unlike wall-clock throughput.
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return float(summary["samples_per_second"]), cpu / summary["samples"] * 1000, count[0]
 
 
 PAYLOAD: dict[str, Any] = {
@@ -88,11 +95,15 @@ PAYLOAD: dict[str, Any] = {
 }
 
 
-def micro_in_this_process() -> float:
-    """Microseconds per sink.log() with a typical 10-step interval payload."""
+def micro_in_this_process() -> tuple[float, float]:
+    """Microseconds per sink.log() with a typical 10-step interval payload, and
+    milliseconds per scrape of what this process exported."""
     sys.path.insert(0, str(REPO))
+    from prometheus_client import generate_latest
+
     from trainer.config import MetricsConfig
     from trainer.metrics import RunInfo, build_metrics
+    from trainer.metrics.serve import multiprocess_registry
 
     multiprocess = bool(os.environ.get("DDP_TRAINER_METRICS_DIR"))
     # In launcher mode the rank does not bind; in single mode bind a throwaway port.
@@ -101,8 +112,16 @@ def micro_in_this_process() -> float:
     sink = build_metrics(cfg, info)
     n = 20_000
     seconds = min(timeit.repeat(lambda: sink.log(PAYLOAD, 1), number=n, repeat=3))
+    # What the endpoint does per scrape: the registry of this rank, or in launcher mode
+    # the merge of the mmap files the launcher performs.
+    registry = (
+        multiprocess_registry(Path(os.environ["DDP_TRAINER_METRICS_DIR"]))
+        if multiprocess
+        else sink.registry  # type: ignore[attr-defined]
+    )
+    scrape = min(timeit.repeat(lambda: generate_latest(registry), number=200, repeat=3)) / 200
     sink.close()
-    return seconds / n * 1e6
+    return seconds / n * 1e6, scrape * 1e3
 
 
 def log_call_cost() -> dict[str, float]:
@@ -119,7 +138,9 @@ def log_call_cost() -> dict[str, float]:
                 [sys.executable, __file__, "--micro"],
                 env=env, check=True, capture_output=True, text=True,
             )  # fmt: skip
-            out[f"log_call_us_{mode}"] = float(res.stdout.strip())
+            log_us, scrape_ms = (float(v) for v in res.stdout.split())
+            out[f"log_call_us_{mode}"] = log_us
+            out[f"scrape_ms_{mode}"] = scrape_ms
     return out
 
 
@@ -132,34 +153,40 @@ def main() -> int:
     parser.add_argument("--micro", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.micro:
-        print(f"{micro_in_this_process():.3f}")
+        print("{:.3f} {:.4f}".format(*micro_in_this_process()))
         return 0
 
     micro = log_call_cost()
     print(
         f"sink.log() per log interval (10 steps): {micro['log_call_us_single']:.1f} us "
-        f"single-process, {micro['log_call_us_launcher']:.1f} us launcher (mmap) mode"
+        f"single-process, {micro['log_call_us_launcher']:.1f} us launcher (mmap) mode; "
+        f"one scrape {micro['scrape_ms_single']:.2f} ms / {micro['scrape_ms_launcher']:.2f} ms"
     )
 
     on: list[float] = []
     off: list[float] = []
     ratios: list[float] = []
+    cpu_ratios: list[float] = []
     scrapes = 0
     one_run(False, 2, args.batch_size)  # warm caches (imports, dataset) before measuring
     for i in range(args.pairs):
         # Alternate which goes first so a drifting machine does not favour one side.
         order = (True, False) if i % 2 == 0 else (False, True)
         pair: dict[bool, float] = {}
+        cpu: dict[bool, float] = {}
         for metrics_on in order:
-            sps, served = one_run(metrics_on, args.epochs, args.batch_size)
+            sps, cpu_per_k, served = one_run(metrics_on, args.epochs, args.batch_size)
             pair[metrics_on] = sps
+            cpu[metrics_on] = cpu_per_k
             scrapes += served
         on.append(pair[True])
         off.append(pair[False])
         ratios.append(pair[True] / pair[False])
+        cpu_ratios.append(cpu[True] / cpu[False])
         print(
             f"pair {i + 1}/{args.pairs}: on {pair[True]:8.0f}  off {pair[False]:8.0f} samples/s"
-            f"  on/off {ratios[-1]:.4f}",
+            f"  on/off {ratios[-1]:.4f}   CPU s/1k samples on {cpu[True]:.3f}"
+            f" off {cpu[False]:.3f}  on/off {cpu_ratios[-1]:.4f}",
             flush=True,
         )
 
@@ -172,6 +199,8 @@ def main() -> int:
         "median_off_samples_per_second": statistics.median(off),
         "median_ratio_on_off": statistics.median(ratios),
         "ratios": ratios,
+        "median_cpu_ratio_on_off": statistics.median(cpu_ratios),
+        "cpu_ratios": cpu_ratios,
         "scrapes_served": scrapes,
     }
     # Noise-free estimate: exporter time per step (one log() per 10 steps, launcher mode)
@@ -187,6 +216,10 @@ def main() -> int:
         f"median on/off throughput ratio {result['median_ratio_on_off']:.4f} "
         f"({diff:+.2f} %; target within 1 %), min {min(ratios):.4f}, max {max(ratios):.4f}, "
         f"{scrapes} scrapes served"
+    )
+    print(
+        f"median on/off CPU time per sample {result['median_cpu_ratio_on_off']:.4f} "
+        f"({(result['median_cpu_ratio_on_off'] - 1) * 100:+.2f} %)"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
