@@ -2,13 +2,14 @@
 
 Runs ``ddp-trainer run --nproc-per-node 2 --dataset digits`` alternately with
 ``--metrics-port 0`` (off) and a free port (on, scraped once a second like a busy
-Prometheus would), reads ``samples_per_second`` from each run's summary.json and reports
-the median on/off ratio (target: within 1 %). Alternating and taking medians cancels most
-of the drift of a shared machine. It also times ``sink.log()`` in-process (single and
-launcher mode) and estimates the overhead from that and the measured step time, which is
-not subject to the run-to-run noise of a busy machine.
+Prometheus would; ``--scrape-every``), reads ``samples_per_second`` from each run's
+summary.json and reports the median on/off ratio (target: within 1 %). Alternating and
+taking medians cancels most of the drift of a shared machine; the CPU time per sample of
+each run's process tree is reported too, being far less sensitive to other load. It also
+times ``sink.log()`` and one scrape in-process and estimates the overhead per step from
+them and the measured step time.
 
-    .venv/bin/python benchmarks/bench_metrics.py [--pairs 5] [--epochs 30] [--json out.json]
+    .venv/bin/python benchmarks/bench_metrics.py [--pairs 5] [--epochs 30] [--scrape-every 1]
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def scrape_loop(port: int, stop: threading.Event, count: list[int]) -> None:
-    while not stop.wait(1.0):
+def scrape_loop(port: int, every: float, stop: threading.Event, count: list[int]) -> None:
+    while not stop.wait(every):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                 r.read()
@@ -47,7 +48,9 @@ def scrape_loop(port: int, stop: threading.Event, count: list[int]) -> None:
             pass  # before the launcher binds / after it closes
 
 
-def one_run(metrics_on: bool, epochs: int, batch_size: int) -> tuple[float, float, int]:
+def one_run(
+    metrics_on: bool, epochs: int, batch_size: int, scrape_every: float
+) -> tuple[float, float, int]:
     """samples/s of one 2-rank run, the CPU seconds of its process tree per 1000 samples,
     and how many scrapes it served."""
     port = free_port() if metrics_on else 0
@@ -65,8 +68,10 @@ def one_run(metrics_on: bool, epochs: int, batch_size: int) -> tuple[float, floa
         env = {k: v for k, v in os.environ.items() if "MULTIPROC_DIR" not in k.upper()}
         env["PYTHONPATH"] = str(REPO)
         stop, count = threading.Event(), [0]
-        scraper = threading.Thread(target=scrape_loop, args=(port, stop, count), daemon=True)
-        if metrics_on:
+        scraper = threading.Thread(
+            target=scrape_loop, args=(port, scrape_every, stop, count), daemon=True
+        )
+        if metrics_on and scrape_every > 0:
             scraper.start()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         try:
@@ -149,6 +154,9 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=5, help="on/off run pairs (default 5)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--scrape-every", type=float, default=1.0, help="seconds between scrapes (0: none)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--micro", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -168,14 +176,16 @@ def main() -> int:
     ratios: list[float] = []
     cpu_ratios: list[float] = []
     scrapes = 0
-    one_run(False, 2, args.batch_size)  # warm caches (imports, dataset) before measuring
+    one_run(False, 2, args.batch_size, 0)  # warm caches (imports, dataset) before measuring
     for i in range(args.pairs):
         # Alternate which goes first so a drifting machine does not favour one side.
         order = (True, False) if i % 2 == 0 else (False, True)
         pair: dict[bool, float] = {}
         cpu: dict[bool, float] = {}
         for metrics_on in order:
-            sps, cpu_per_k, served = one_run(metrics_on, args.epochs, args.batch_size)
+            sps, cpu_per_k, served = one_run(
+                metrics_on, args.epochs, args.batch_size, args.scrape_every
+            )
             pair[metrics_on] = sps
             cpu[metrics_on] = cpu_per_k
             scrapes += served
@@ -195,6 +205,7 @@ def main() -> int:
         "pairs": args.pairs,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
+        "scrape_every_seconds": args.scrape_every,
         "median_on_samples_per_second": statistics.median(on),
         "median_off_samples_per_second": statistics.median(off),
         "median_ratio_on_off": statistics.median(ratios),
