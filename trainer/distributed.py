@@ -116,8 +116,8 @@ def init_distributed(cfg: DistConfig, device: str = "auto") -> DistContext:
         # A per-attempt prefix gives every restart a clean namespace.
         attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
         agent_store = dist.TCPStore(  # type: ignore[attr-defined]
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                    world_size, is_master=False, timeout=timeout)
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+            is_master=False, timeout=timeout)
         kwargs["store"] = dist.PrefixStore(  # type: ignore[attr-defined]
             f"/ddp-trainer/attempt_{attempt}", agent_store)
     with warnings.catch_warnings():

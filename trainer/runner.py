@@ -72,6 +72,7 @@ def train(cfg: JobConfig) -> dict[str, Any]:
     stop.install()  # before joining, so an early SIGTERM is not lost
     ctx = init_distributed(cfg.dist, cfg.train.device)
     metrics = None
+    trainer = None
     try:
         metrics = build_metrics(cfg.metrics, run_info(cfg, ctx, splits.name))
         metrics.log({"run/restarts": float(restart_count())}, 0)
@@ -93,6 +94,8 @@ def train(cfg: JobConfig) -> dict[str, Any]:
         return summary
     finally:
         stop.uninstall()
+        if trainer is not None:
+            trainer.writer.close()
         if metrics is not None:
             metrics.close()
         teardown(ctx)

@@ -102,6 +102,8 @@ class Trainer:
         self.samples_this_run = 0
         """Samples this process trained since it started (for samples_per_second)."""
         self.step_log = Path(cfg.output.dir) / "steps.jsonl" if cfg.output.step_log else None
+        self.checkpoint_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+        self.writer = checkpoint.AsyncWriter()
 
     # -- checkpointable state ------------------------------------------------------------
     def state_dict(self, consumed: int | None) -> dict[str, Any]:
@@ -160,10 +162,6 @@ class Trainer:
         log.info("resumed from %s: step %d, epoch %d, sample position %d (saved by %d ranks)",
                  path.name, self.step, self.epoch, position, state["world_size"])
 
-    @property
-    def checkpoint_dir(self) -> Path | None:
-        return Path(self.cfg.checkpoint.dir) if self.cfg.checkpoint.dir else None
-
     # -- loop ----------------------------------------------------------------------------
     def planned_steps(self) -> int:
         per_rank = math.ceil(len(self.splits.train) / self.ctx.world_size)
@@ -195,6 +193,7 @@ class Trainer:
                 self.epoch_loss_sum, self.epoch_loss_count = 0.0, 0
             if self.last_eval is None:  # resumed after the last epoch: nothing left to train
                 self.last_eval = self._validate()
+            self.writer.wait()  # the final checkpoint is durable before the summary says done
         finally:
             if bar is not None:
                 bar.close()
@@ -216,7 +215,7 @@ class Trainer:
             t0 = time.perf_counter()
             k = min(plan.accum_steps, micro_total - micro)
             self.optimizer.zero_grad(set_to_none=True)
-            step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
+            step_loss: torch.Tensor | float = 0.0
             for j in range(k):
                 tw = time.perf_counter()
                 x, y = to_device(next(it), ctx.device)
@@ -233,6 +232,7 @@ class Trainer:
             self.optimizer.step()
             micro += k
             self.step += 1
+            assert isinstance(step_loss, torch.Tensor)
             interval.losses.append(step_loss)
             interval.step_times.append(time.perf_counter() - t0)
             at_ckpt = self._checkpoint_due() and micro < micro_total
@@ -255,6 +255,7 @@ class Trainer:
     def _preempt(self, consumed: int) -> None:
         """Checkpoint where every rank stands and leave with a retryable exit status."""
         saved = self._save(consumed)
+        self.writer.wait()
         where = f"checkpoint {saved}" if saved else "the last checkpoint (rank 0 saved it)"
         if self.checkpoint_dir is None:
             where = "nowhere: checkpointing is off"
@@ -340,14 +341,14 @@ class Trainer:
         return glob
 
     def _save(self, consumed: int | None) -> Path | None:
-        """Checkpoint (collective: all ranks call it; rank 0 writes)."""
+        """Checkpoint (collective: all ranks call it; rank 0 writes, in the background)."""
         directory = self.checkpoint_dir
         if directory is None:
             return None
         state = self.state_dict(consumed)
         if not self.ctx.is_main:
             return None
-        path = checkpoint.save(directory, self.step, state, self.cfg.checkpoint.keep)
+        path = self.writer.submit(directory, self.step, state, self.cfg.checkpoint.keep)
         self.metrics.log({"checkpoint/last_timestamp": time.time()}, self.step)
         log.debug("saved %s", path)
         return path
