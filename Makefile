@@ -30,7 +30,8 @@ tools: venv
 	bash tools/install-prometheus.sh
 
 run: venv
-	$(VENV)/bin/ddp-trainer run --nproc-per-node $(NPROC) --dataset digits --output-dir outputs $(RUN_ARGS)
+	$(VENV)/bin/ddp-trainer run --nproc-per-node $(NPROC) --dataset digits --output-dir outputs \
+		--metrics-bind-address 127.0.0.1 $(RUN_ARGS)
 
 test: venv tools
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q

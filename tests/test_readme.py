@@ -1,0 +1,27 @@
+"""The README tells the truth: the two commands first, every config field and CLI flag."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conftest import REPO
+from trainer.cli import CONFIG_FLAGS
+from trainer.config import JobConfig
+
+README = (REPO / "README.md").read_text()
+
+
+def test_first_lines_give_the_two_commands() -> None:
+    head = "\n".join(README.splitlines()[:6])
+    assert "make run" in head and "make test" in head
+
+
+def test_every_config_field_is_documented() -> None:
+    for section in dataclasses.fields(JobConfig):
+        for f in dataclasses.fields(getattr(JobConfig(), section.name)):
+            assert f"`{section.name}.{f.name}`" in README, f"{section.name}.{f.name}"
+
+
+def test_every_config_flag_is_documented() -> None:
+    for flag in CONFIG_FLAGS:
+        assert f"`{flag}`" in README, flag
