@@ -3,7 +3,9 @@
 Kubernetes sends SIGTERM to each pod at slightly different moments, so a rank cannot just stop
 where it is: the others would wait for it in the next all-reduce until the timeout. Each rank
 only raises a local flag; the loop reduces the flags (MAX) at its regular sync points (every
-log interval, checkpoint and epoch end), so all ranks see the request at the same step.
+log interval, checkpoint and epoch end), so all ranks see the request at the same step. The
+reduction runs asynchronously and is read at the following sync point, so it never stalls a
+step; a request takes effect one log interval later.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import signal
 import types
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,6 +24,7 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
+        self._inflight: tuple[torch.Tensor, Any] | None = None
         self._previous: Callable[[int, types.FrameType | None], object] | int | None = None
 
     def install(self) -> None:
@@ -35,9 +39,23 @@ class StopFlag:
         self.requested = True
 
     def any_rank(self, device: torch.device, distributed: bool) -> bool:
-        """True on every rank when any rank was asked to stop (a collective when distributed)."""
+        """True on every rank when any rank had asked to stop by the previous call.
+
+        A collective when distributed: every rank must call it at the same steps.
+        """
         if not distributed:
             return self.requested
+        previous = False
+        if self._inflight is not None:
+            flag, work = self._inflight
+            work.wait()
+            previous = bool(flag.item())
         flag = torch.tensor([int(self.requested)], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        self._inflight = (flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True))
+        return previous
+
+    def drain(self) -> None:
+        """Complete the reduction in flight (before the process group goes away)."""
+        if self._inflight is not None:
+            self._inflight[1].wait()
+            self._inflight = None

@@ -194,6 +194,7 @@ class Trainer:
             if self.last_eval is None:  # resumed after the last epoch: nothing left to train
                 self.last_eval = self._validate()
             self.writer.wait()  # the final checkpoint is durable before the summary says done
+            self.stop.drain()
         finally:
             if bar is not None:
                 bar.close()
@@ -215,7 +216,7 @@ class Trainer:
             t0 = time.perf_counter()
             k = min(plan.accum_steps, micro_total - micro)
             self.optimizer.zero_grad(set_to_none=True)
-            step_loss: torch.Tensor | float = 0.0
+            step_losses: list[torch.Tensor] = []
             for j in range(k):
                 tw = time.perf_counter()
                 x, y = to_device(next(it), ctx.device)
@@ -225,15 +226,14 @@ class Trainer:
                 with contextlib.nullcontext() if sync else self._ddp().no_sync():
                     logits = self.model(x)
                     loss = F.cross_entropy(logits, y)
-                    (loss / k).backward()  # type: ignore[no-untyped-call]
-                step_loss += loss.detach().double() / k
+                    (loss / k if k > 1 else loss).backward()  # type: ignore[no-untyped-call]
+                step_losses.append(loss.detach())
                 interval.correct += (logits.detach().argmax(dim=1) == y).sum()
                 interval.samples += len(y)
             self.optimizer.step()
             micro += k
             self.step += 1
-            assert isinstance(step_loss, torch.Tensor)
-            interval.losses.append(step_loss)
+            interval.losses.append(step_losses[0] if k == 1 else torch.stack(step_losses).mean())
             interval.step_times.append(time.perf_counter() - t0)
             at_ckpt = self._checkpoint_due() and micro < micro_total
             if (self.step % self.cfg.train.log_every == 0 or at_ckpt or micro == micro_total
@@ -267,10 +267,12 @@ class Trainer:
         return self.checkpoint_dir is not None and every > 0 and self.step % every == 0
 
     def _flush(self, interval: _Interval, planned: int, bar: Any) -> None:
-        losses = torch.stack(interval.losses).tolist()  # the interval's one device sync
+        losses = torch.stack(interval.losses).double().tolist()  # the interval's one sync
         correct = int(interval.correct.item())
         loss_sum = math.fsum(losses)
         if not math.isfinite(loss_sum):
+            # Exported first, so the loss-not-finite alert fires even though the job stops.
+            self.metrics.log({"train/loss": loss_sum / len(losses)}, self.step)
             raise TrainingDiverged(f"training loss became {loss_sum} by step {self.step}",
                                    "lower --lr or check the data for extreme values")
         steps = len(losses)
