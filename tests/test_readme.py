@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from conftest import REPO
+
 from trainer.cli import CONFIG_FLAGS
 from trainer.config import JobConfig
 
