@@ -36,8 +36,9 @@ def _launcher_argv(nproc: int, max_restarts: int, timeout_seconds: float) -> lis
 
 
 def exit_code_of(err: ChildFailedError) -> int:
-    """The first failed rank's exit code; a rank killed by signal N maps to 128 + N."""
-    failure = min(err.failures.items())[1]
+    """The exit code of the rank that failed first (the cause; the others' failures follow
+    from it); a rank killed by signal N maps to 128 + N, as a shell reports it."""
+    _, failure = err.get_first_failure()
     code = failure.exitcode
     return 128 - code if code < 0 else code
 
