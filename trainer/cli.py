@@ -19,7 +19,7 @@ from typing import Any
 
 from trainer import __version__
 from trainer.config import JobConfig, build_config
-from trainer.errors import TrainerError
+from trainer.errors import RankLost, TrainerError
 
 # flag -> (section, key, type)
 CONFIG_FLAGS: dict[str, tuple[str, str, type]] = {
@@ -223,6 +223,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None else ""
         print(f"{prefix}error: {err}", file=sys.stderr)
+        if isinstance(err, RankLost):
+            # The process group is broken: its destructors may block on the dead peer or
+            # abort, so leave without running them.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(err.exit_code)
         return err.exit_code
     except KeyboardInterrupt:
         return 130

@@ -46,8 +46,11 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-_LOST_RANK_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                    "Timed out", "timed out", "Timeout", "NCCL communicator was aborted")
+# Gloo and NCCL word their failures in many ways ("Connection reset by peer", "Application
+# timeout caused pair closure", "NCCL communicator was aborted", ...); all name the transport
+# or a timeout. The first line of the original error is kept in the message.
+_LOST_RANK_SIGNS = ("gloo", "Gloo", "NCCL", "nccl", "ProcessGroup", "Connection", "pair closure",
+                    "Broken pipe", "timed out", "Timed out", "timeout", "Timeout")
 
 
 def lost_rank_error(err: Exception, cfg: JobConfig) -> RankLost | None:
@@ -73,6 +76,7 @@ def train(cfg: JobConfig) -> dict[str, Any]:
     ctx = init_distributed(cfg.dist, cfg.train.device)
     metrics = None
     trainer = None
+    group_broken = False
     try:
         metrics = build_metrics(cfg.metrics, run_info(cfg, ctx, splits.name))
         metrics.log({"run/restarts": float(restart_count())}, 0)
@@ -84,6 +88,7 @@ def train(cfg: JobConfig) -> dict[str, Any]:
             lost = lost_rank_error(err, cfg) if ctx.initialized else None
             if lost is None:
                 raise
+            group_broken = True
             raise lost from err
         if ctx.is_main:
             path = write_json(cfg.output.dir, "summary.json", summary)
@@ -98,7 +103,8 @@ def train(cfg: JobConfig) -> dict[str, Any]:
             trainer.writer.close()
         if metrics is not None:
             metrics.close()
-        teardown(ctx)
+        if not group_broken:  # tearing down a broken group can hang or abort the process
+            teardown(ctx)
 
 
 def evaluate_checkpoint(path: str, dataset: str | None, output_dir: str) -> dict[str, Any]:
