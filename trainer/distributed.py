@@ -127,6 +127,12 @@ def init_distributed(cfg: DistConfig, device: str = "auto") -> DistContext:
     return DistContext(rank, world_size, local_rank, local_world_size, dev, backend, True)
 
 
-def teardown(ctx: DistContext) -> None:
+def teardown(ctx: DistContext, completed: bool = True) -> None:
+    """Leave the group. After a completed run the ranks leave together: without the barrier a
+    rank that closes its gloo connections while a peer's transport threads still read from
+    them can abort the peer at exit ("terminate called without an active exception", exit
+    134). After an error there is no barrier: the peers may be inside another collective."""
     if ctx.initialized and dist.is_initialized():
+        if completed:
+            dist.barrier()
         dist.destroy_process_group()

@@ -14,7 +14,7 @@ from trainer import __version__, checkpoint
 from trainer.config import JobConfig, merge, validate
 from trainer.data import load_splits
 from trainer.distributed import DistContext, init_distributed, teardown
-from trainer.errors import CheckpointError, DataError, RankLost
+from trainer.errors import CheckpointError, DataError, Preempted, RankLost
 from trainer.evaluate import evaluate
 from trainer.metrics import RunInfo, build_metrics
 from trainer.models import build_model
@@ -77,6 +77,7 @@ def train(cfg: JobConfig) -> dict[str, Any]:
     metrics = None
     trainer = None
     group_broken = False
+    completed = False
     try:
         metrics = build_metrics(cfg.metrics, run_info(cfg, ctx, splits.name))
         metrics.log({"run/restarts": float(restart_count())}, 0)
@@ -84,12 +85,16 @@ def train(cfg: JobConfig) -> dict[str, Any]:
         trainer.maybe_resume()
         try:
             summary = trainer.train()
+        except Preempted:
+            completed = True  # every rank stopped at the same agreed step
+            raise
         except (RuntimeError, dist.DistError) as err:
             lost = lost_rank_error(err, cfg) if ctx.initialized else None
             if lost is None:
                 raise
             group_broken = True
             raise lost from err
+        completed = True
         if ctx.is_main:
             path = write_json(cfg.output.dir, "summary.json", summary)
             log.info("done: %d steps, %.0f samples/s, train loss %.4f, val accuracy %.4f "
@@ -104,7 +109,7 @@ def train(cfg: JobConfig) -> dict[str, Any]:
         if metrics is not None:
             metrics.close()
         if not group_broken:  # tearing down a broken group can hang or abort the process
-            teardown(ctx)
+            teardown(ctx, completed)
 
 
 def evaluate_checkpoint(path: str, dataset: str | None, output_dir: str) -> dict[str, Any]:
@@ -122,6 +127,7 @@ def evaluate_checkpoint(path: str, dataset: str | None, output_dir: str) -> dict
     validate(cfg)
     splits = load_splits(cfg.data, cfg.train.seed)
     ctx = init_distributed(cfg.dist, cfg.train.device)
+    completed = False
     try:
         model = build_model(cfg.model, splits.feature_shape, splits.num_classes,
                             cfg.train.seed).to(ctx.device)
@@ -138,6 +144,7 @@ def evaluate_checkpoint(path: str, dataset: str | None, output_dir: str) -> dict
         if ctx.is_main:
             out = write_json(output_dir, "eval.json", report)
             print(f"accuracy {result.accuracy!r} ({result.correct}/{result.total}) -> {out}")
+        completed = True
         return report
     finally:
-        teardown(ctx)
+        teardown(ctx, completed)
