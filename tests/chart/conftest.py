@@ -9,26 +9,26 @@ import pytest
 from .chartlib import find_tool
 
 
-@pytest.fixture(scope="session")
-def helm4() -> str:
-    path = find_tool("helm")
+def _helm(name: str, major: str) -> str:
+    """The Helm binary `name`, checked to be Helm `major` (e.g. "v4")."""
+    path = find_tool(name)
     out = subprocess.run(
         [path, "version", "--short"], capture_output=True, text=True, check=True
     ).stdout
-    if not out.startswith("v4."):
-        pytest.fail(f"`{path}` is {out.strip()}, not Helm 4: run `make tools`", pytrace=False)
+    if not out.startswith(f"{major}."):
+        pytest.fail(f"`{path}` is {out.strip()}, not Helm {major[1:]}: run `make tools`",
+                    pytrace=False)
     return path
+
+
+@pytest.fixture(scope="session")
+def helm4() -> str:
+    return _helm("helm", "v4")
 
 
 @pytest.fixture(scope="session")
 def helm3() -> str:
-    path = find_tool("helm3")
-    out = subprocess.run(
-        [path, "version", "--short"], capture_output=True, text=True, check=True
-    ).stdout
-    if not out.startswith("v3."):
-        pytest.fail(f"`{path}` is {out.strip()}, not Helm 3: run `make tools`", pytrace=False)
-    return path
+    return _helm("helm3", "v3")
 
 
 @pytest.fixture(scope="session")
