@@ -9,7 +9,7 @@ each run's process tree is reported too, being far less sensitive to other load.
 times ``sink.log()`` and one scrape in-process and estimates the overhead per step from
 them and the measured step time.
 
-    .venv/bin/python benchmarks/bench_metrics.py [--pairs 5] [--epochs 30] [--scrape-every 1]
+    .venv/bin/python benchmarks/bench_metrics.py [--pairs 5] [--epochs 100] [--scrape-every 1]
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def log_call_cost() -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5, help="on/off run pairs (default 5)")
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
         "--scrape-every", type=float, default=1.0, help="seconds between scrapes (0: none)"
