@@ -80,12 +80,16 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     _add_common(p)
 
 
+def _flag_value(ns: argparse.Namespace, flag: str) -> Any:
+    return getattr(ns, flag.lstrip("-").replace("-", "_"))
+
+
 def cli_overrides(ns: argparse.Namespace) -> dict[str, Any]:
     from trainer.config import parse_set
 
     out = parse_set(ns.set)
     for flag, (section, key, _) in CONFIG_FLAGS.items():
-        value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+        value = _flag_value(ns, flag)
         if value is not None:
             out.setdefault(section, {})[key] = value
     return out
@@ -97,7 +101,7 @@ def forwarded_args(ns: argparse.Namespace) -> list[str]:
     if ns.config:
         argv += ["--config", ns.config]
     for flag in CONFIG_FLAGS:
-        value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+        value = _flag_value(ns, flag)
         if value is not None:
             argv += [flag, str(value)]
     for item in ns.set:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -12,14 +12,6 @@ from torch.utils.data.distributed import DistributedSampler
 from trainer.data import InMemoryDataset, passthrough_collate
 from trainer.distributed import DistContext
 from trainer.sampling import BatchedSampler, DistributedEvalSampler, DistributedShuffleSampler
-
-
-class TrainSampler(Protocol):
-    """What the loop needs from a training sampler."""
-
-    def set_epoch(self, epoch: int) -> None: ...
-    def __len__(self) -> int: ...
-    def __iter__(self) -> Any: ...
 
 
 class TorchSamplerAdapter:

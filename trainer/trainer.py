@@ -205,7 +205,7 @@ class Trainer:
         global sample position reached (max_steps stopped it)."""
         ctx, plan = self.ctx, self.plan
         self.sampler.set_epoch(self.epoch)
-        start_position = int(getattr(self.sampler, "start_position", 0))
+        start_position = self.sampler.start_position
         micro_total = len(loader)  # equal on every rank: the sampler pads short shards
         positions_per_micro = plan.micro_batch * ctx.world_size
         self.model.train()
