@@ -213,6 +213,19 @@ def setup_logging(debug: bool) -> None:
         warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+def _group_kept() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _exit_now(code: int) -> None:
+    """End the process without finalizers; everything worth keeping is already written."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -220,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(debug)
     try:
         code: int = ns.func(ns)
+        if _group_kept():
+            # A completed rank leaves without gloo's C++ teardown (see distributed.teardown).
+            _exit_now(code)
         return code
     except TrainerError as err:
         if debug:
@@ -227,12 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None else ""
         print(f"{prefix}error: {err}", file=sys.stderr)
-        if isinstance(err, RankLost):
-            # The process group is broken: its destructors may block on the dead peer or
-            # abort, so leave without running them.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(err.exit_code)
+        if isinstance(err, RankLost) or _group_kept():
+            # A broken group's destructors may block on the dead peer or abort; a kept one
+            # (preempted together) is left as after a completed run.
+            _exit_now(err.exit_code)
         return err.exit_code
     except KeyboardInterrupt:
         return 130

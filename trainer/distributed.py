@@ -128,11 +128,18 @@ def init_distributed(cfg: DistConfig, device: str = "auto") -> DistContext:
 
 
 def teardown(ctx: DistContext, completed: bool = True) -> None:
-    """Leave the group. After a completed run the ranks leave together: without the barrier a
-    rank that closes its gloo connections while a peer's transport threads still read from
-    them can abort the peer at exit ("terminate called without an active exception", exit
-    134). After an error there is no barrier: the peers may be inside another collective."""
+    """Leave the group.
+
+    After a completed run the ranks meet at a barrier and the group is *kept*: the CLI then
+    ends the process with ``os._exit`` (see :func:`trainer.cli.main`). Gloo's teardown,
+    whether from ``destroy_process_group`` or from interpreter finalization, can abort a rank
+    whose peer closed its sockets first ("terminate called without an active exception",
+    exit 134 after a successful run; seen in about 1 of 100 two-rank runs in CI), even after
+    a barrier. After an error the group is destroyed without a barrier: the peers may be
+    inside another collective, and the exit status already reports the failure.
+    """
     if ctx.initialized and dist.is_initialized():
         if completed:
             dist.barrier()
+            return
         dist.destroy_process_group()

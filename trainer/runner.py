@@ -67,7 +67,11 @@ def lost_rank_error(err: Exception, cfg: JobConfig) -> RankLost | None:
 
 
 def train(cfg: JobConfig) -> dict[str, Any]:
-    """Train on this rank; rank 0 writes ``summary.json``. Returns the summary."""
+    """Train on this rank; rank 0 writes ``summary.json``. Returns the summary.
+
+    After a completed run the process group is left initialized (see
+    :func:`trainer.distributed.teardown`); the CLI exits the process right after.
+    """
     splits = load_splits(cfg.data, cfg.train.seed)  # before joining: bad data fails fast
     if cfg.checkpoint.dir:
         checkpoint.check_writable(Path(cfg.checkpoint.dir))
