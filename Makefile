@@ -37,7 +37,7 @@ test: venv tools
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q
 
 lint: venv
-	$(VENV)/bin/ruff check trainer tests benchmarks
+	$(VENV)/bin/ruff check trainer tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint Dockerfile
 
