@@ -118,6 +118,7 @@ class TrainParts:
     val_valid: int
     """Real (non-padding) validation samples of this rank."""
     num_classes: int | None
+    class_names: tuple[str, ...] | None = None
 
 
 def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
@@ -156,4 +157,5 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
         val_loader=val,
         val_valid=val_valid,
         num_classes=splits.num_classes,
+        class_names=splits.class_names,
     )

@@ -113,6 +113,7 @@ class Trainer:
             "rng_cpu": torch.get_rng_state(),
             "config": self.cfg.to_dict(),
             "objects": self.objects,
+            "class_names": list(self.parts.class_names or []),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -366,6 +367,7 @@ class Trainer:
             "wall_seconds": wall,
             "global_batch": self.plan.global_batch,
             "resumed_from_step": self.resumed_step,
+            **({"class_names": list(self.parts.class_names)} if self.parts.class_names else {}),
         }
 
 

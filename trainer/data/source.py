@@ -39,6 +39,9 @@ class DataSplits:
     """Shape of one sample's inputs (the dataset's ``sample_shape`` or sample 0's)."""
     name: str
     """Short dataset name for logs and metrics (file stem for files)."""
+    class_names: tuple[str, ...] | None = None
+    """Names of the classes, index i naming label i (the dataset's ``classes`` or
+    ``class_names``); kept in checkpoints and in summary.json."""
 
 
 def _builtins(cfg: DataConfig, seed: int) -> dict[str, Callable[..., Any]]:
@@ -122,4 +125,8 @@ def build_splits(cfg: DataConfig, seed: int, dataset: Any = None) -> DataSplits:
     num_classes = cfg.num_classes or (int(declared) if declared else None)
     shape = getattr(base, "sample_shape", None)
     sample_shape = tuple(shape) if shape is not None else first_sample_shape(base)
-    return DataSplits(train, val, num_classes, sample_shape, name)
+    names = getattr(base, "class_names", None) or getattr(base, "classes", None)
+    class_names = tuple(str(n) for n in names) if isinstance(names, (list, tuple)) else None
+    if class_names is not None and num_classes is None:
+        num_classes = len(class_names)
+    return DataSplits(train, val, num_classes, sample_shape, name, class_names)
