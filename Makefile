@@ -31,7 +31,8 @@ tools: venv
 
 run: venv
 	$(VENV)/bin/ddp-trainer run --nproc-per-node $(NPROC) --dataset digits --output-dir outputs \
-		--metrics-bind-address 127.0.0.1 $(RUN_ARGS)
+		--metrics-bind-address 127.0.0.1 \
+		--set metrics.linger_seconds=0 $(RUN_ARGS)
 
 test: venv tools
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q
