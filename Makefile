@@ -46,6 +46,7 @@ bench: venv
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_sampler.py
 	$(PY) benchmarks/bench_metrics.py
+	$(PY) benchmarks/bench_precision.py
 
 k8s: tools
 	bash tools/render-k8s.sh

@@ -62,13 +62,29 @@ def _step_losses(path: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("uninterrupted")
-    proc = run_cli("run", "--nproc-per-node", "2", *LONG, "--output-dir", str(out),
+# A modern recipe: every piece of its state must survive the restart too (AdamW moments, the
+# warm-up/cosine position, bf16 autocast, clipping).
+MODERN = ["--set", "optim.name=adamw", "--lr", "0.002", "--set", "optim.schedule=cosine",
+          "--set", "optim.warmup_steps=30", "--set", "optim.min_lr=0.0001", "--set",
+          "train.precision=bf16", "--set", "optim.grad_clip=0.5", "--set",
+          "optim.weight_decay=0.01"]
+
+
+def _uninterrupted(out: Path, *extra: str) -> Path:
+    proc = run_cli("run", "--nproc-per-node", "2", *LONG, *extra, "--output-dir", str(out),
                    "--checkpoint-dir", str(out / "ckpt"), timeout=400)
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _uninterrupted(tmp_path_factory.mktemp("uninterrupted"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_modern(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _uninterrupted(tmp_path_factory.mktemp("uninterrupted-modern"), *MODERN)
 
 
 def _assert_same_as_uninterrupted(out: Path, reference: Path, resumed_at: int) -> None:
@@ -83,10 +99,9 @@ def _assert_same_as_uninterrupted(out: Path, reference: Path, resumed_at: int) -
     assert [got_steps[s] for s in after] == [want_steps[s] for s in after]
 
 
-def test_killed_rank_restarts_and_matches_an_uninterrupted_run(
-        tmp_path: Path, uninterrupted: Path) -> None:
+def _kill_a_rank_and_compare(tmp_path: Path, reference: Path, *extra: str) -> None:
     ckpt = tmp_path / "ckpt"
-    proc = _popen("run", "--nproc-per-node", "2", "--max-restarts", "2", *LONG,
+    proc = _popen("run", "--nproc-per-node", "2", "--max-restarts", "2", *LONG, *extra,
                   "--output-dir", str(tmp_path), "--checkpoint-dir", str(ckpt))
     _wait_for_checkpoint(ckpt, proc)
     time.sleep(random.uniform(0.0, 0.5))  # a random step after the first checkpoint
@@ -97,7 +112,17 @@ def test_killed_rank_restarts_and_matches_an_uninterrupted_run(
     resumed_at = summary["resumed_from_step"]
     assert resumed_at is not None and resumed_at % 20 == 0, err
     assert f"resumed from ckpt-{resumed_at:09d}.pt: step {resumed_at}" in err
-    _assert_same_as_uninterrupted(tmp_path, uninterrupted, resumed_at)
+    _assert_same_as_uninterrupted(tmp_path, reference, resumed_at)
+
+
+def test_killed_rank_restarts_and_matches_an_uninterrupted_run(
+        tmp_path: Path, uninterrupted: Path) -> None:
+    _kill_a_rank_and_compare(tmp_path, uninterrupted)
+
+
+def test_adamw_cosine_warmup_bf16_clipping_resume_matches_an_uninterrupted_run(
+        tmp_path: Path, uninterrupted_modern: Path) -> None:
+    _kill_a_rank_and_compare(tmp_path, uninterrupted_modern, *MODERN)
 
 
 def test_sigterm_checkpoints_exits_retryable_and_restart_matches(

@@ -31,7 +31,8 @@ from trainer.data import DataSplits, IndexView
 from trainer.distributed import DistContext
 from trainer.errors import ConfigError
 from trainer.loaders import TrainSampler, build_train_sampler, eval_loader, train_loader
-from trainer.optim import build_optimizer
+from trainer.optim import Schedule, build_optimizer
+from trainer.precision import Precision
 from trainer.steps import StepFn
 from trainer.tree import to_device
 
@@ -119,6 +120,11 @@ class TrainParts:
     """Real (non-padding) validation samples of this rank."""
     num_classes: int | None
     class_names: tuple[str, ...] | None = None
+    schedule: Schedule | None = None
+    """Learning rate per optimizer step (its total is set by the Trainer once planned); None
+    leaves the optimizer's learning rate alone."""
+    precision: Precision | None = None
+    """None: fp32."""
 
 
 def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
@@ -139,6 +145,11 @@ def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
 def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainParts:
     t, d = cfg.train, cfg.data
     model = workload.model.to(ctx.device)
+    wrapped = wrap_model(model, t.strategy, ctx)
+    if t.compile:
+        # DDP first, then compile: dynamo's DDPOptimizer splits the graph at DDP's buckets so
+        # communication still overlaps the backward pass.
+        wrapped = torch.compile(wrapped)  # type: ignore[assignment]
     splits = workload.splits
     sampler = build_train_sampler(t.sampler, splits.train, ctx, t.seed)
     val, val_valid = eval_loader(splits.val, t.batch_size, ctx, d.num_workers)
@@ -148,8 +159,10 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
 
     return TrainParts(
         model=model,
-        wrapped=wrap_model(model, t.strategy, ctx),
+        wrapped=wrapped,
         optimizer=build_optimizer(cfg.optim, model),
+        schedule=Schedule(cfg.optim, total_steps=0),
+        precision=Precision(t.precision, ctx.device),
         step=workload.step,
         train_set=splits.train,
         sampler=sampler,

@@ -27,6 +27,8 @@ DATASET_NAMES = ("digits", "synthetic")
 MODEL_NAMES = ("mymodel", "mlp", "cnn")
 STEP_NAMES = ("classification",)
 OPTIMIZERS = ("sgd", "adamw", "adam")
+SCHEDULES = ("constant", "cosine", "linear", "step")
+PRECISIONS = ("fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "dp")
 SAMPLERS = ("shuffle", "torch")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -90,6 +92,21 @@ class OptimConfig:
     weight_decay: float = 0.0
     """Weight decay: L2 for sgd and adam (all parameters); decoupled for adamw, and there
     not applied to parameters with fewer than 2 dimensions (biases, norm weights)."""
+    schedule: str = "constant"
+    """Learning-rate schedule after the warm-up, per optimizer step: `constant`, `cosine`
+    (to `min_lr` at the last planned step), `linear` (likewise) or `step` (x `gamma` every
+    `step_size` steps)."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from lr/warmup_steps to lr (0: none)."""
+    min_lr: float = 0.0
+    """Learning rate that `cosine` and `linear` reach at the last planned step."""
+    step_size: int = 1000
+    """Optimizer steps between decays of the `step` schedule."""
+    gamma: float = 0.1
+    """Decay factor of the `step` schedule."""
+    grad_clip: float = 0.0
+    """Clip the global L2 norm of the gradients to this (0: off); the norm before clipping is
+    exported as trainer_grad_norm."""
 
 
 @dataclass
@@ -99,7 +116,8 @@ class TrainConfig:
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: no limit)."""
     batch_size: int = 32
-    """Samples per rank per step; the global batch is batch_size x world size."""
+    """Samples per rank per forward/backward pass (micro-batch); the global batch is
+    batch_size x world size x grad_accum_steps."""
     seed: int = 0
     """Seed of the data split, the shuffling and the model initialisation."""
     strategy: str = "ddp"
@@ -108,6 +126,16 @@ class TrainConfig:
     sampler: str = "shuffle"
     """Training sampler: `shuffle` (ddp-trainer's memory-free, resumable sampler) or
     `torch` (torch.utils.data.distributed.DistributedSampler)."""
+    precision: str = "fp32"
+    """`fp32`, `bf16` (autocast, on CPU and CUDA) or `fp16` (CUDA only: autocast and a
+    GradScaler; steps skipped for inf gradients are counted and do not advance the
+    schedule)."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step (DDP syncs gradients on the last one only); the
+    global batch is batch_size x world size x grad_accum_steps."""
+    compile: bool = False
+    """Wrap the model with torch.compile; a backend that cannot compile here is an error,
+    never a silent fallback to eager."""
     step: str = "classification"
     """The training and evaluation step: `classification` (cross-entropy on `(inputs,
     labels)` batches, or the model's own loss on mapping batches with a `labels` key), or an
@@ -337,6 +365,17 @@ def validate(cfg: JobConfig) -> None:
     _require(o.name in OPTIMIZERS, "optim.name", f"unknown optimizer {o.name!r}",
              f"use one of {', '.join(OPTIMIZERS)}")
     _require(0.0 <= o.momentum < 1.0, "optim.momentum", "must be in [0, 1)", "use e.g. 0.9")
+    _require(o.schedule in SCHEDULES, "optim.schedule", f"unknown schedule {o.schedule!r}",
+             f"use one of {', '.join(SCHEDULES)}")
+    _require(o.warmup_steps >= 0, "optim.warmup_steps", f"{o.warmup_steps} < 0",
+             "use 0 (no warm-up) or more")
+    _require(math.isfinite(o.min_lr) and 0 <= o.min_lr <= o.lr, "optim.min_lr",
+             f"{o.min_lr} is not in [0, optim.lr]", "use e.g. 0 or lr / 10")
+    _require(o.step_size >= 1, "optim.step_size", "must be >= 1", "use e.g. 1000")
+    _require(math.isfinite(o.gamma) and 0 < o.gamma <= 1, "optim.gamma", "must be in (0, 1]",
+             "use e.g. 0.1")
+    _require(math.isfinite(o.grad_clip) and o.grad_clip >= 0, "optim.grad_clip", "must be >= 0",
+             "use 0 (off) or a max norm such as 1.0")
     _require(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
              f"{o.betas} is not two numbers in [0, 1)", "use e.g. [0.9, 0.999]")
     _require(math.isfinite(o.eps) and o.eps > 0, "optim.eps", "must be > 0", "use e.g. 1e-8")
@@ -345,6 +384,10 @@ def validate(cfg: JobConfig) -> None:
     _require(t.max_steps >= 0, "train.max_steps", "must be >= 0", "use 0 for no limit")
     _require(t.batch_size >= 1, "train.batch_size", f"{t.batch_size} < 1",
              "use --batch-size 1 or more")
+    _require(t.precision in PRECISIONS, "train.precision", f"unknown precision {t.precision!r}",
+             f"use one of {', '.join(PRECISIONS)}")
+    _require(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"{t.grad_accum_steps} < 1",
+             "use 1 (no accumulation) or more")
     _require(t.strategy in STRATEGIES, "train.strategy", f"unknown strategy {t.strategy!r}",
              f"use one of {', '.join(STRATEGIES)}")
     _require(t.sampler in SAMPLERS, "train.sampler", f"unknown sampler {t.sampler!r}",

@@ -1,6 +1,14 @@
-"""Optimizers (and, with them, learning-rate schedules) built from the `optim` config."""
+"""Optimizers and learning-rate schedules built from the `optim` config.
+
+The schedule is a closed form of the optimizer step (:meth:`Schedule.lr_at`), set on every
+parameter group before each step: nothing but the step count and the planned total needs to be
+checkpointed, so a resumed run continues the exact curve.
+"""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -28,3 +36,33 @@ def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer
                                 weight_decay=cfg.weight_decay)
     return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                            weight_decay=cfg.weight_decay)
+
+
+@dataclass
+class Schedule:
+    """Learning rate of the `s`-th optimizer update (s = 0, 1, ...)."""
+
+    cfg: OptimConfig
+    total_steps: int
+    """Planned optimizer steps of the whole run (the end of `cosine` and `linear`)."""
+
+    def lr_at(self, s: int) -> float:
+        c = self.cfg
+        if s < c.warmup_steps:
+            return c.lr * (s + 1) / c.warmup_steps
+        after = s - c.warmup_steps
+        if c.schedule == "step":
+            return c.lr * c.gamma ** (after // c.step_size)
+        if c.schedule == "constant":
+            return c.lr
+        span = max(1, self.total_steps - c.warmup_steps - 1)
+        progress = min(1.0, after / span)
+        if c.schedule == "cosine":
+            return c.min_lr + (c.lr - c.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return c.lr - (c.lr - c.min_lr) * progress  # linear
+
+    def apply(self, optimizer: torch.optim.Optimizer, s: int) -> float:
+        lr = self.lr_at(s)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr

@@ -18,12 +18,14 @@ from torch import nn
 from trainer import __version__, checkpoint
 from trainer.agreement import agree_resume, collective
 from trainer.build import Workload, build_parts, build_workload, preflight
+from trainer.compiling import check_available
 from trainer.config import JobConfig, merge, validate
 from trainer.distributed import DistContext, is_distributed, join, plan_context, teardown
 from trainer.errors import AgreedStop, CheckpointError, ConfigError, DataError, RankLost
 from trainer.evaluation import evaluate
 from trainer.loaders import eval_loader
 from trainer.metrics import MetricsSink, RunInfo, build_metrics
+from trainer.precision import Precision
 from trainer.steps import StepFn
 from trainer.stopping import StopFlag, linger
 from trainer.trainer import Trainer
@@ -56,10 +58,14 @@ def restart_count(starts: int | None) -> int:
 
 
 def _check_alone(cfg: JobConfig, ctx: DistContext) -> None:
+    """What the config asks of this rank's environment (checked before the rendezvous)."""
     if cfg.train.strategy == "dp" and is_distributed(ctx):
         raise ConfigError("train.strategy 'dp' (DataParallel) runs in one process, but "
                           f"WORLD_SIZE is {ctx.world_size}",
                           "use --strategy ddp with several ranks")
+    Precision.check(cfg.train.precision, ctx.device)
+    if cfg.train.compile:
+        check_available()
 
 
 def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None,

@@ -20,10 +20,12 @@ from trainer import checkpoint
 from trainer.agreement import Agreement, Resumed, Verdict, collective
 from trainer.batching import BatchPlan, plan_batches
 from trainer.build import TrainParts
+from trainer.compiling import compile_errors
 from trainer.config import JobConfig
 from trainer.distributed import DistContext
 from trainer.errors import Preempted, TrainingDiverged
 from trainer.evaluation import EvalResult, evaluate
+from trainer.precision import Precision
 from trainer.steps import as_output
 from trainer.stopping import StopFlag
 from trainer.tree import batch_len, to_device
@@ -47,6 +49,10 @@ class _Interval:
         self.samples = 0
         self.wait = 0.0
         self.step_times: list[float] = []
+        self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
+        """Largest pre-clip gradient norm of the interval (only when clipping)."""
+        self.skipped = 0
+        """fp16 steps the GradScaler skipped (inf/NaN gradients)."""
 
     def mean_step(self) -> float:
         return sum(self.step_times) / len(self.step_times) if self.step_times else 0.0
@@ -77,13 +83,17 @@ class Trainer:
         self.optimizer = parts.optimizer
         self.sampler = parts.sampler
         self.step_fn = parts.step
+        self.schedule = parts.schedule
+        self.precision = parts.precision or Precision("fp32", ctx.device)
         # Checkpointed progress.
-        self.plan = BatchPlan(t.batch_size, 1, ctx.world_size)
+        self.plan = BatchPlan(t.batch_size, t.grad_accum_steps, ctx.world_size)
         """Per-rank micro-batch and accumulation; the global batch survives world changes."""
         self.epoch = 0
         """Epoch in progress (0-based)."""
         self.step = 0
-        """Optimizer steps taken in total."""
+        """Optimizer steps taken in total (skipped fp16 steps included)."""
+        self.updates = 0
+        """Optimizer updates applied (the schedule's position: skipped steps do not count)."""
         self.epoch_loss_sum = 0.0
         """Summed per-step training loss of the epoch so far (this rank; all ranks in a
         checkpoint, which rank 0 alone reloads)."""
@@ -119,6 +129,10 @@ class Trainer:
             "global_batch": self.plan.global_batch,
             "world_size": self.ctx.world_size,
             "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state() if self.ctx.device.type == "cuda" else None,
+            "updates": self.updates,
+            "schedule_total_steps": self.schedule.total_steps if self.schedule else 0,
+            "precision": self.precision.state_dict(),
             "config": self.cfg.to_dict(),
             "objects": self.objects,
             "class_names": list(self.parts.class_names or []),
@@ -129,6 +143,12 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
         self.step = int(state["step"])
+        self.updates = int(state.get("updates", self.step))
+        # The curve continues as planned when the run started, whatever the world size now.
+        if self.schedule is not None:
+            self.schedule.total_steps = int(state.get("schedule_total_steps") or 0)
+        if state.get("precision"):
+            self.precision.load_state_dict(state["precision"])
         # The saved sums cover all ranks: rank 0 carries them on, the others start from zero.
         # A sampler that cannot resume mid-epoch (torch's) replays the epoch from its start,
         # so the sums of its first attempt must not be counted again.
@@ -139,6 +159,8 @@ class Trainer:
         if state["sampler"] is not None:
             self.sampler.load_state_dict(state["sampler"])
         torch.set_rng_state(state["rng_cpu"])
+        if state.get("rng_cuda") is not None and self.ctx.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng_cuda"])
         if int(state["global_batch"]) != self.plan.global_batch:
             self.plan = plan_batches(int(state["global_batch"]), self.ctx.world_size,
                                      max_micro=self.cfg.train.batch_size)
@@ -171,6 +193,12 @@ class Trainer:
         """Train to `train.epochs` or `train.max_steps`; return the summary (same on all ranks)."""
         loader = self.parts.train_loader(self.plan.micro_batch)
         planned = self.planned_steps()
+        if self.schedule is not None and not self.schedule.total_steps:
+            self.schedule.total_steps = planned
+        if self.ctx.is_main:
+            log.info("global batch %d = %d per rank x %d ranks x %d accumulation steps; %d "
+                     "optimizer steps planned", self.plan.global_batch, self.plan.micro_batch,
+                     self.ctx.world_size, self.plan.accum_steps, planned)
         bar = _progress_bar(self.ctx.is_main, planned, self.step)
         start = time.perf_counter()
         self.metrics.log({"run/resumed_step": float(self.resumed_step or 0)}, self.step)
@@ -218,14 +246,15 @@ class Trainer:
                 # Gradients are all-reduced only on the last micro-batch of an accumulation.
                 sync = j == k - 1 or not isinstance(self.model, DistributedDataParallel)
                 with self._comm() if sync else self._ddp().no_sync():
-                    out = as_output(self.step_fn(self.model, batch))
+                    with self.precision.autocast(), self._compile_errors():
+                        out = as_output(self.step_fn(self.model, batch))
                     loss = out.loss
-                    (loss / k if k > 1 else loss).backward()  # type: ignore[no-untyped-call]
+                    self.precision.backward(loss / k if k > 1 else loss)
                 step_losses.append(loss.detach())
                 interval.correct += out.correct
                 interval.count += out.count
                 interval.samples += batch_len(batch)
-            self.optimizer.step()
+            self._update(interval)
             micro += k
             self.step += 1
             interval.losses.append(step_losses[0] if k == 1 else torch.stack(step_losses).mean())
@@ -246,6 +275,23 @@ class Trainer:
         if micro == micro_total:
             return None
         return start_position + micro * positions_per_micro
+
+    def _update(self, interval: _Interval) -> None:
+        """Clip, step the optimizer at the scheduled learning rate, count a skipped step."""
+        clip = self.cfg.optim.grad_clip
+        if clip > 0:
+            self.precision.unscale(self.optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
+            interval.grad_norm = torch.maximum(interval.grad_norm, norm.detach().double())
+        if self.schedule is not None:
+            self.schedule.apply(self.optimizer, self.updates)
+        if self.precision.step(self.optimizer):
+            self.updates += 1
+        else:
+            interval.skipped += 1
+
+    def _compile_errors(self) -> contextlib.AbstractContextManager[None]:
+        return compile_errors() if self.cfg.train.compile else contextlib.nullcontext()
 
     def _comm(self) -> contextlib.AbstractContextManager[None]:
         """A DDP forward/backward talks to every rank: its failure is a lost rank."""
@@ -288,7 +334,8 @@ class Trainer:
         """Read the interval's values (one device sync) and export them; True when this
         rank's loss is not finite (the ranks then stop together, see _act)."""
         losses = torch.stack(interval.losses).double().tolist()  # the interval's one sync
-        correct, count = torch.stack([interval.correct, interval.count]).tolist()
+        correct, count, grad_norm = torch.stack(
+            [interval.correct.double(), interval.count.double(), interval.grad_norm]).tolist()
         loss_sum = math.fsum(losses)
         if not math.isfinite(loss_sum):
             # Exported at once, so the loss-not-finite alert fires even though the job stops.
@@ -314,10 +361,13 @@ class Trainer:
             "train/step_seconds": interval.step_times,
             "train/data_wait_seconds": interval.wait,
             "train/lr": float(self.optimizer.param_groups[0]["lr"]),
+            "train/skipped_steps": float(interval.skipped),
             "train/epoch": float(self.epoch),
             "train/progress_ratio": min(1.0, self.step / planned) if planned else 1.0,
             "train/last_step_timestamp": time.time(),
         }
+        if self.cfg.optim.grad_clip > 0:
+            metrics["train/grad_norm"] = grad_norm
         if self.ctx.device.type == "cuda":
             metrics["cuda/memory_allocated_bytes"] = float(torch.cuda.memory_allocated())
             metrics["cuda/max_memory_allocated_bytes"] = float(torch.cuda.max_memory_allocated())

@@ -61,6 +61,8 @@ def test_every_series_exists_at_zero_before_the_first_log() -> None:
         "trainer_restarts_total",
         "trainer_step_duration_seconds_count",
         "trainer_learning_rate",
+        "trainer_grad_norm",
+        "trainer_skipped_steps_total",
         "trainer_epoch",
         "trainer_progress_ratio",
         "trainer_last_step_timestamp_seconds",
@@ -105,6 +107,8 @@ def test_train_interval_log_sets_gauges_and_accumulates_counters() -> None:
         "train/step_seconds": [0.004] * 8 + [0.2, 3.0],
         "train/data_wait_seconds": 0.125,
         "train/lr": 0.05,
+        "train/grad_norm": 3.5,
+        "train/skipped_steps": 2,
         "train/epoch": 1,
         "train/progress_ratio": 0.25,
         "train/last_step_timestamp": 1_800_000_000.5,
@@ -117,6 +121,8 @@ def test_train_interval_log_sets_gauges_and_accumulates_counters() -> None:
     assert get(reg, "trainer_samples_total", rank="0") == 640
     assert get(reg, "trainer_data_wait_seconds_total", rank="0") == 0.25
     assert get(reg, "trainer_learning_rate", rank="0") == 0.05
+    assert get(reg, "trainer_grad_norm", rank="0") == 3.5
+    assert get(reg, "trainer_skipped_steps_total", rank="0") == 4
     assert get(reg, "trainer_epoch", rank="0") == 1
     assert get(reg, "trainer_progress_ratio", rank="0") == 0.25
     assert get(reg, "trainer_last_step_timestamp_seconds", rank="0") == 1_800_000_000.5

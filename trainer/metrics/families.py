@@ -134,6 +134,17 @@ class TrainerMetrics:
             ).labels(rank)
 
         self.lr = gauge("trainer_learning_rate", "Current learning rate of the optimizer.")
+        self.grad_norm = gauge(
+            "trainer_grad_norm",
+            "Largest global L2 norm of the gradients before clipping in the last log interval "
+            "(only with optim.grad_clip > 0).",
+        )
+        self.skipped_steps = Counter(
+            "trainer_skipped_steps",
+            "Optimizer steps skipped by the fp16 GradScaler (inf/NaN gradients).",
+            ["rank"],
+            registry=registry,
+        ).labels(rank)
         self.epoch = gauge("trainer_epoch", "Current epoch (0-based).")
         self.progress = gauge(
             "trainer_progress_ratio", "Global step divided by the planned steps (0-1)."
@@ -209,7 +220,7 @@ class TrainerMetrics:
         # values of a fresh process are the ones exported.
         for child in (*self.loss.values(), *self.accuracy.values()):
             child.set(0.0)
-        for g in (self.lr, self.epoch, self.progress, self.resumed_step):
+        for g in (self.lr, self.grad_norm, self.epoch, self.progress, self.resumed_step):
             g.set(0.0)
         self.info_gauge.set(1.0)
         self.world_size.set(float(info.world_size))
@@ -224,6 +235,8 @@ class TrainerMetrics:
             "train/step_seconds": self._observe_steps,
             "train/data_wait_seconds": self._incrementer(self.data_wait),
             "train/lr": self._setter(self.lr),
+            "train/grad_norm": self._setter(self.grad_norm),
+            "train/skipped_steps": self._incrementer(self.skipped_steps),
             "train/epoch": self._setter(self.epoch),
             "train/progress_ratio": self._setter(self.progress),
             "train/last_step_timestamp": self._setter(self.last_step),
