@@ -50,6 +50,36 @@ def test_custom_resources_match_the_v2_3_crds_strictly(helm4: str, value_set: st
     assert {k: v for k, v in errors.items() if v} == {}
 
 
+DOMAIN_PREFIXED_PATH = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+
+
+@pytest.mark.parametrize("value_set", [v for v in TRAINJOB_VALUE_SETS if v != "trainjob/runtime"])
+def test_runtime_patch_passes_the_controllers_admission_checks(helm4: str, value_set: str) -> None:
+    """kubeflow/trainer v2.3.0 pkg/runtime/framework/plugins/jobset/jobset.go:175-209 and the
+    torch plugin's reserved variables (plugins/torch/torch.go:65-77), against the runtime the
+    patch targets (the vendored torch-distributed one)."""
+    import yaml
+
+    from .chartlib import TORCH_DISTRIBUTED
+
+    runtime = yaml.safe_load(TORCH_DISTRIBUTED.read_text())
+    containers = {r["name"]: {c["name"] for c in r["template"]["spec"]["template"]["spec"]
+                              ["containers"]}
+                  for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+    job = one(render(helm4, value_set), "TrainJob")
+    (patch,) = job["spec"]["runtimePatches"]
+    assert DOMAIN_PREFIXED_PATH.match(patch["manager"]), patch["manager"]
+    for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+        assert rjob["name"] in containers
+        for c in rjob["template"]["spec"]["template"]["spec"]["containers"]:
+            assert c["name"] in containers[rjob["name"]]
+            assert "env" not in c  # the controller refuses env patches of `node`
+    reserved = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+                "PET_MASTER_PORT"}
+    assert reserved.isdisjoint(e["name"] for e in job["spec"]["trainer"]["env"])
+
+
 def test_crd_validation_rejects_an_unknown_trainer_field_and_a_wrong_type(helm4: str) -> None:
     job = one(render(helm4, "trainjob/defaults"), "TrainJob")
     job["spec"]["trainer"]["numNode"] = 2
