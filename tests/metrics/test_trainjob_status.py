@@ -193,6 +193,7 @@ def test_build_metrics_adds_the_reporter_on_rank_0_only_when_all_three_variables
     registry = CollectorRegistry()
     sink = build_metrics(cfg, info(0), registry)
     assert isinstance(sink, FanOut)
+    assert sink.port == 0  # the Prometheus sink's: metrics.port 0 serves nothing
     sink.log(interval_keys(0.5), 5)
     server.wait_for(1)
     sink.close()

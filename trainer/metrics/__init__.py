@@ -73,6 +73,11 @@ class FanOut:
     def __init__(self, *sinks: MetricsSink) -> None:
         self.sinks = sinks
 
+    @property
+    def port(self) -> int:
+        """Port this process serves on: the first sink's (the Prometheus one); 0 if none."""
+        return int(getattr(self.sinks[0], "port", 0)) if self.sinks else 0
+
     def log(self, metrics: Mapping[str, MetricValue], step: int) -> None:
         for sink in self.sinks:
             sink.log(metrics, step)

@@ -232,6 +232,8 @@ class Progress:
 class TrainJobStatusReporter:
     """The sink: ``log`` records, a daemon thread reports (see the module docstring)."""
 
+    port = 0  # serves nothing (the sink protocol's port)
+
     def __init__(self, client: StatusClient, world_size: int,
                  registry: CollectorRegistry | None = None, rank: int = 0,
                  min_interval: float = MIN_INTERVAL_SECONDS) -> None:
