@@ -25,10 +25,12 @@ TOOLS_BIN = REPO / ".tools" / "bin"
 NAMESPACE = "training"
 RELEASE = "mytrain"
 
-# Value sets rendered by the tests (tests/chart/values/<name>.yaml).
+# Value sets rendered by the tests (tests/chart/values/<name>.yaml): PyTorchJobs.
 VALUE_SETS = sorted(p.stem for p in VALUES_DIR.glob("*.yaml"))
 # Value sets that must stay within the Pod Security Standards "restricted" profile (checkov).
 RESTRICTED_VALUE_SETS = [v for v in VALUE_SETS if v != "rdma"]
+# apiKind: TrainJob (tests/chart/values/trainjob/<name>.yaml), named "trainjob/<name>".
+TRAINJOB_VALUE_SETS = sorted(f"trainjob/{p.stem}" for p in (VALUES_DIR / "trainjob").glob("*.yaml"))
 
 
 def find_tool(name: str) -> str:
@@ -163,6 +165,9 @@ def structural_to_jsonschema(node: Any) -> Any:
 
 CRD_FILES = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"):
+        "trainer.kubeflow.org_trainingruntimes.yaml",
     ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
 }
@@ -198,3 +203,100 @@ def k8s_errors(obj: dict[str, Any], version: str) -> list[str]:
     except ValidationError as exc:
         return [f"{'/'.join(map(str, exc.absolute_path)) or '(root)'}: {exc.message}"]
     return []
+
+
+# -- Kubeflow Trainer v2: the pod the controller builds from a rendered TrainJob ---------------
+
+TORCH_DISTRIBUTED = CRD_DIR / "trainer.kubeflow.org_runtime-torch_distributed.yaml"
+# List merge keys of the strategic merge patch (k8s.io/api core/v1 patchMergeKey tags).
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name",
+              "env": "name", "volumeMounts": "mountPath", "imagePullSecrets": "name",
+              "replicatedJobs": "name"}
+
+
+def strategic_merge(base: Any, patch: Any, key: str = "") -> Any:
+    """The subset of Kubernetes' strategic merge patch the chart's runtime patch uses: maps merge
+    recursively, lists with a merge key merge item by item, every other list is replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = strategic_merge(base[k], v, k) if k in base else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        mk = MERGE_KEYS[key]
+        out_list = [copy.deepcopy(b) for b in base]
+        for item in patch:
+            at = next((i for i, b in enumerate(out_list) if b.get(mk) == item.get(mk)), None)
+            if at is None:
+                out_list.append(copy.deepcopy(item))
+            else:
+                out_list[at] = strategic_merge(out_list[at], item)
+        return out_list
+    return copy.deepcopy(patch)
+
+
+def _upsert(items: list[dict[str, Any]], new: list[dict[str, Any]], key: str) -> None:
+    for item in new:
+        at = next((i for i, old in enumerate(items) if old.get(key) == item.get(key)), None)
+        if at is None:
+            items.append(item)
+        else:
+            items[at] = item
+
+
+def trainjob_pod(docs: list[dict[str, Any]], node_rank: int = 0) -> dict[str, Any]:
+    """The pod of `node_rank` as Kubeflow Trainer v2.3 and JobSet v0.12 create it from the
+    rendered TrainJob, as a plain v1/Pod:
+
+    - the runtime: the rendered TrainingRuntime (createRuntime), else the vendored
+      torch-distributed ClusterTrainingRuntime with the runtime patches merged in
+      (pkg/runtime/core/trainingruntime.go:256-289);
+    - the TrainJob's spec.trainer: image, command, args, env upserted, resourcesPerNode
+      (pkg/runtime/framework/plugins/jobset/jobset.go, trainingruntime.go:197-239);
+    - the torch plugin's PET_* variables and port 29500 (plugins/torch/torch.go:145-203);
+    - the JobSet's and the Job controller's pod labels (jobset_controller.go:1020-1034).
+    Only the trainer container's fields the chart renders are modelled.
+    """
+    job = one(docs, "TrainJob")
+    name = job["metadata"]["name"]
+    runtimes = find(docs, "TrainingRuntime")
+    if runtimes:
+        runtime = runtimes[0]
+    else:
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        runtime = yaml.load(TORCH_DISTRIBUTED.read_text(), Loader=loader)  # noqa: S506
+    jobset = copy.deepcopy(runtime["spec"]["template"]["spec"])
+    for patch in job["spec"].get("runtimePatches", []):
+        jobset = strategic_merge(jobset, patch["trainingRuntimeSpec"]["template"]["spec"])
+    (rjob,) = [r for r in jobset["replicatedJobs"] if r["name"] == "node"]
+    template = copy.deepcopy(rjob["template"]["spec"]["template"])
+    spec = template["spec"]
+    (container,) = [c for c in spec["containers"] if c["name"] == "node"]
+    trainer = job["spec"]["trainer"]
+    for field in ("image", "command", "args"):
+        container[field] = trainer[field]
+    env = container.setdefault("env", [])
+    _upsert(env, copy.deepcopy(trainer.get("env", [])), "name")
+    _upsert(env, [
+        {"name": "PET_NNODES", "value": str(trainer["numNodes"])},
+        {"name": "PET_NPROC_PER_NODE", "value": str(trainer["numProcPerNode"])},
+        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+        {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
+        {"name": "PET_MASTER_PORT", "value": "29500"},
+    ], "name")
+    if "resourcesPerNode" in trainer:
+        container["resources"] = strategic_merge(container.get("resources", {}),
+                                                 trainer["resourcesPerNode"])
+    _upsert(container.setdefault("ports", []), [{"containerPort": 29500}], "containerPort")
+    spec.setdefault("restartPolicy", "OnFailure")  # the JobSet webhook's default
+    metadata = template.setdefault("metadata", {})
+    metadata["name"] = f"{name}-node-0-{node_rank}-abcde"
+    metadata["namespace"] = job["metadata"]["namespace"]
+    metadata.setdefault("labels", {}).update({
+        "jobset.sigs.k8s.io/jobset-name": name,
+        "jobset.sigs.k8s.io/replicatedjob-name": "node",
+        "jobset.sigs.k8s.io/job-index": "0",
+        "batch.kubernetes.io/job-completion-index": str(node_rank),
+    })
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

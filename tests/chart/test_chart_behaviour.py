@@ -365,10 +365,13 @@ def test_pod_monitor_selects_this_jobs_pods_and_relabels_operator_labels(
         assert "metrics" in [p["name"] for p in trainer_container(template)["ports"]]
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
-    relabel = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    relabel = {r["targetLabel"]: r.get("sourceLabels") for r in endpoint["relabelings"]}
     assert relabel == {
-        target: [prometheus_label_name(label)] for label, target in OPERATOR_LABELS.items()
+        **{target: [prometheus_label_name(label)] for label, target in OPERATOR_LABELS.items()},
+        "job_kind": None,  # a constant, see below
     }
+    (kind,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "job_kind"]
+    assert kind["replacement"] == "PyTorchJob"
 
 
 def test_pod_monitor_selector_does_not_match_another_release(helm4: str) -> None:

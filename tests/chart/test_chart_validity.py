@@ -12,6 +12,7 @@ import pytest
 from .chartlib import (
     CHART,
     NAMESPACE,
+    TRAINJOB_VALUE_SETS,
     VALUE_SETS,
     VALUES_DIR,
     as_pod,
@@ -33,7 +34,7 @@ DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 
 
 @pytest.mark.parametrize("which", ["helm3", "helm4"])
-@pytest.mark.parametrize("value_set", VALUE_SETS)
+@pytest.mark.parametrize("value_set", [*VALUE_SETS, *TRAINJOB_VALUE_SETS])
 def test_helm_lint_strict_passes(helms: dict[str, str], which: str, value_set: str) -> None:
     proc = run_helm(
         helms[which],
@@ -49,7 +50,7 @@ def test_helm_lint_strict_passes(helms: dict[str, str], which: str, value_set: s
     assert "0 chart(s) failed" in proc.stdout
 
 
-@pytest.mark.parametrize("value_set", VALUE_SETS)
+@pytest.mark.parametrize("value_set", [*VALUE_SETS, *TRAINJOB_VALUE_SETS])
 def test_helm3_and_helm4_render_identical_manifests(helms: dict[str, str], value_set: str) -> None:
     assert template_text(helms["helm3"], value_set) == template_text(helms["helm4"], value_set)
 

@@ -1,4 +1,5 @@
-"""An in-memory Kubernetes API server, served over real HTTP, holding PyTorchJobs and pods.
+"""An in-memory Kubernetes API server, served over real HTTP, holding PyTorchJobs, TrainJobs and
+pods.
 
 It is kmock's ``KubernetesEmulator`` (a stateful API emulator on aiohttp: create, get, list,
 merge-patch, delete, discovery) running on its own event loop in a background thread, so the
@@ -10,7 +11,8 @@ at the HTTP boundary only:
 - the ``pods/log`` sub-resource: a pod's log (with ``timestamps``, ``tailLines`` and
   ``follow``), or the 400 a real API server answers while the container is waiting to start.
 
-Objects are seeded in the shapes the training operator v1.9 writes (``job()``, ``pod()``).
+Objects are seeded in the shapes the training operator v1.9 writes (``job()``, ``pod()``) and
+Kubeflow Trainer v2.3 with JobSet v0.12 write (``trainjob()``, ``node_pod()``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import kmock
 import requests
 
 JOBS = kmock.resource("kubeflow.org/v1/pytorchjobs")
+TRAINJOBS = kmock.resource("trainer.kubeflow.org/v1alpha1/trainjobs")
 PODS = kmock.resource("v1/pods")
 JOB_NAME = "training.kubeflow.org/job-name"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
@@ -81,8 +84,9 @@ class PodLog:
 class FakeCluster:
     """The emulator on 127.0.0.1:<free port>; use as a context manager."""
 
-    def __init__(self, crd: bool = True) -> None:
+    def __init__(self, crd: bool = True, trainjob_crd: bool = False) -> None:
         self.crd = crd
+        self.trainjob_crd = trainjob_crd
         self.url = ""
         self.logs: dict[tuple[str, str], PodLog] = {}
         self._ready = threading.Event()
@@ -126,6 +130,12 @@ class FakeCluster:
                     verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
                     subresources={"status"},
                 )
+            if self.trainjob_crd:
+                k.resources["trainer.kubeflow.org/v1alpha1/trainjobs"] = kmock.ResourceInfo(
+                    kind="TrainJob", singular="trainjob", namespaced=True,
+                    verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
+                    subresources={"status"},
+                )
             k.resources["v1/pods"] = kmock.ResourceInfo(
                 kind="Pod", singular="pod", namespaced=True, verbs={"get", "list"},
                 subresources={"log", "status"},
@@ -148,26 +158,28 @@ class FakeCluster:
 
     def add_job(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
-        self.call(lambda: self.k.objects.__setitem__((JOBS, meta["namespace"], meta["name"]), obj))
+        resource = TRAINJOBS if obj["kind"] == "TrainJob" else JOBS
+        self.call(lambda: self.k.objects.__setitem__(
+            (resource, meta["namespace"], meta["name"]), obj))
 
     def add_pod(self, obj: dict[str, Any], log: PodLog | None = None) -> None:
         meta = obj["metadata"]
         self.call(lambda: self.k.objects.__setitem__((PODS, meta["namespace"], meta["name"]), obj))
         self.logs[(meta["namespace"], meta["name"])] = log or PodLog()
 
-    def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        """Change a job as the operator would: a merge patch over HTTP."""
+    def patch_job(self, namespace: str, name: str, patch: dict[str, Any],
+                  path: str = "kubeflow.org/v1/namespaces/{ns}/pytorchjobs") -> None:
+        """Change a job as the controller would: a merge patch over HTTP."""
         response = requests.patch(
-            f"{self.url}/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{name}",
+            f"{self.url}/apis/{path.format(ns=namespace)}/{name}",
             json=patch, headers={"Content-Type": "application/merge-patch+json"}, timeout=10,
         )
         response.raise_for_status()
 
-    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        response = requests.get(
-            f"{self.url}/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{name}",
-            timeout=10,
-        )
+    def job(self, namespace: str, name: str,
+            path: str = "kubeflow.org/v1/namespaces/{ns}/pytorchjobs") -> dict[str, Any] | None:
+        response = requests.get(f"{self.url}/apis/{path.format(ns=namespace)}/{name}",
+                                timeout=10)
         if response.status_code == 404:
             return None
         response.raise_for_status()
@@ -309,6 +321,81 @@ def pod(job_name: str, replica_type: str, index: int, namespace: str = "training
             }],
         },
     }
+
+
+# -- object shapes, as Kubeflow Trainer v2.3 and JobSet v0.12 write them -------------------
+
+TRAINJOB_PATH = "trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs"
+
+
+def trainjob(name: str, namespace: str = "training", *, nodes: int | None = 2, gpus: int = 1,
+             nproc: int | None = 1, state: str = "Running", suspend: bool = False,
+             progress: int | None = None) -> dict[str, Any]:
+    """A TrainJob on the torch-distributed runtime, in the shape the chart renders it."""
+    trainer: dict[str, Any] = {
+        "image": "ghcr.io/ddp-trainer/ddp-trainer:0.1.0",
+        "command": ["ddp-trainer"],
+        "args": ["run", "--nproc-per-node", str(nproc or 1)],
+    }
+    if nodes is not None:
+        trainer["numNodes"] = nodes
+    if nproc is not None:
+        trainer["numProcPerNode"] = nproc
+    if gpus:
+        trainer["resourcesPerNode"] = {"limits": {"nvidia.com/gpu": gpus}}
+    conds: list[dict[str, str]] = []
+    if state == "Succeeded":
+        # The JobSet's conditions, renamed (trainer v2.3.0 plugins/jobset/jobset.go:450-457).
+        conds.append(condition("Complete", "AllJobsCompleted", "jobset completed successfully",
+                               T0 + dt.timedelta(minutes=30)))
+    if state == "Failed":
+        conds.append(condition("Failed", "FailedJobs",
+                               "jobset failed due to one or more job failures",
+                               T0 + dt.timedelta(minutes=5)))
+    if state == "Suspended" or suspend:
+        conds.append(condition("Suspended", "Suspended", "TrainJob is suspended",
+                               T0 + dt.timedelta(minutes=2)))
+    status: dict[str, Any] = {"conditions": conds, "jobsStatus": [
+        {"name": "node", "active": 1 if state == "Running" else 0, "ready": 0,
+         "succeeded": 1 if state == "Succeeded" else 0,
+         "failed": 1 if state == "Failed" else 0, "suspended": 0}]}
+    if progress is not None:
+        status["trainerStatus"] = {
+            "progressPercentage": progress, "estimatedRemainingSeconds": 754,
+            "metrics": [{"name": "train_loss", "value": "0.4121"},
+                        {"name": "val_accuracy", "value": "0.9361"}],
+            "lastUpdatedTime": stamp(T0 + dt.timedelta(minutes=3))}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}",
+                     "creationTimestamp": stamp(T0)},
+        "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org",
+                                "kind": "ClusterTrainingRuntime", "name": "torch-distributed"},
+                 "suspend": suspend, "trainer": trainer},
+        "status": status,
+    }
+
+
+def node_pod(job_name: str, index: int, namespace: str = "training", *,
+             node: str = "gpu-node-1", phase: str = "Running", restarts: int = 0,
+             waiting: str | None = None) -> dict[str, Any]:
+    """A pod of a TrainJob's indexed `node` Job, labelled as JobSet and the Job controller do."""
+    obj = pod(job_name, "master", index, namespace, node=node, phase=phase, restarts=restarts,
+              waiting=waiting)
+    obj["metadata"]["name"] = f"{job_name}-node-0-{index}-x{index}z9"
+    obj["metadata"]["labels"] = {
+        "jobset.sigs.k8s.io/jobset-name": job_name,
+        "jobset.sigs.k8s.io/replicatedjob-name": "node",
+        "jobset.sigs.k8s.io/job-index": "0",
+        "batch.kubernetes.io/job-completion-index": str(index),
+        "batch.kubernetes.io/job-name": f"{job_name}-node-0",
+        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
+    }
+    obj["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": str(index)}
+    obj["spec"]["containers"][0]["name"] = "node"
+    obj["status"]["containerStatuses"][0]["name"] = "node"
+    return obj
 
 
 def kubeconfig(path: Any, contexts: dict[str, tuple[str, str]], current: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs.cluster import T0, FakeCluster, PodLog, job, kubeconfig, pod
+from tests.jobs.cluster import T0, FakeCluster, PodLog, job, kubeconfig, node_pod, pod, trainjob
 from trainer.jobs.cli import kubectl_main
 
 
@@ -67,8 +67,7 @@ def kubeconfig_file(cluster: FakeCluster, closed_port_url: str, tmp_path: Path,
     return path
 
 
-@pytest.fixture
-def ddp(kubeconfig_file: Path, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+def cli_runner(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
     """Run ``kubectl ddp ARGS`` in-process; return exit code, stdout and stderr."""
     def run(*args: str) -> Result:
         capsys.readouterr()
@@ -77,3 +76,43 @@ def ddp(kubeconfig_file: Path, capsys: pytest.CaptureFixture[str]) -> Callable[.
         return Result(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture
+def ddp(kubeconfig_file: Path, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """``kubectl ddp`` against the `cluster` fixture (KUBECONFIG points at it)."""
+    return cli_runner(capsys)
+
+
+def seed_both_kinds(cluster: FakeCluster) -> None:
+    """seed() plus, in namespace "training": llm (a TrainJob, Running, 2 nodes x 4 GPUs, 4 ranks
+    per node, progress reported), tuned (TrainJob, Complete) and mnist-v2; in "research": probe
+    (TrainJob whose node count the runtime decides)."""
+    seed(cluster)
+    cluster.add_job(trainjob("llm", nodes=2, gpus=4, nproc=4, progress=42))
+    at = [T0 + dt.timedelta(seconds=s) for s in range(10)]
+    cluster.add_pod(node_pod("llm", 1, node="gpu-node-5"), PodLog([
+        (at[1], "INFO node 1 joined"), (at[4], "[rank 5] WARNING slow")]))
+    cluster.add_pod(node_pod("llm", 0, node="gpu-node-4"), PodLog([
+        (at[0], "INFO world_size=8"), (at[3], "INFO step 10 loss=2.01")]))
+    cluster.add_job(trainjob("tuned", nodes=1, gpus=0, state="Succeeded"))
+    cluster.add_job(trainjob("probe", namespace="research", nodes=None, nproc=None))
+
+
+@pytest.fixture
+def cluster_v2() -> Iterator[FakeCluster]:
+    """An emulator serving both CRDs (training operator v1.9 and Trainer v2 side by side)."""
+    with FakeCluster(trainjob_crd=True) as fake:
+        seed_both_kinds(fake)
+        yield fake
+
+
+@pytest.fixture
+def ddp2(cluster_v2: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+         capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """Run ``kubectl ddp ARGS`` against cluster_v2 (context namespace "training")."""
+    path = tmp_path / "kubeconfig-v2.yaml"
+    kubeconfig(path, {"v2": (cluster_v2.url, "training")}, current="v2")
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return cli_runner(capsys)

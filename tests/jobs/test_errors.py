@@ -45,9 +45,27 @@ def test_every_command_reports_a_missing_crd_with_the_install_command(
         code = kubectl_main([*command, "--kubeconfig", str(path)])
     assert code == 2
     line = one_line_error(capsys.readouterr().err)
-    assert "does not serve pytorchjobs.kubeflow.org/v1" in line
-    assert "(the PyTorchJob CRD is not installed)" in line
+    assert ("serves neither pytorchjobs.kubeflow.org/v1 nor "
+            "trainjobs.trainer.kubeflow.org/v1alpha1") in line
+    assert "(no PyTorchJob or TrainJob CRD is installed)" in line
     assert "kubectl apply --server-side -k" in line and "training-operator" in line
+    assert "kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0" in line
+
+
+@pytest.mark.parametrize(("kind", "resource", "hint"), [
+    ("pytorchjob", "pytorchjobs.kubeflow.org/v1 (the PyTorchJob CRD", "training-operator"),
+    ("trainjob", "trainjobs.trainer.kubeflow.org/v1alpha1 (the TrainJob CRD", "kubeflow/trainer")])
+def test_asking_for_one_kind_names_only_its_crd(
+        kind: str, resource: str, hint: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeCluster(crd=False) as bare:
+        path = tmp_path / "config"
+        kubeconfig(path, {"bare": (bare.url, "training")}, current="bare")
+        code = kubectl_main(["list", "--kind", kind, "--kubeconfig", str(path)])
+    assert code == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"does not serve {resource} is not installed)" in line
+    assert hint in line
 
 
 @pytest.mark.parametrize("command", ["status", "logs", "wait", "delete", "suspend", "resume"])
@@ -71,6 +89,14 @@ def test_rbac_denial_says_which_permissions_are_missing(ddp, cluster: FakeCluste
     assert "not allowed to list pytorchjobs in namespace 'secret'" in line
     assert 'User "dev" cannot list resource' in line
     assert "ask for RBAC on pytorchjobs.kubeflow.org" in line
+
+
+def test_a_missing_crd_of_one_kind_does_not_hide_the_jobs_of_the_other(ddp) -> None:
+    # The emulator of the `cluster` fixture serves PyTorchJobs only.
+    result = ddp("list")
+    assert result.code == 0, result.err
+    assert result.out.splitlines()[0].split() == ["NAME", "STATE", "AGE", "REPLICAS", "GPUS"]
+    assert ddp("list", "--kind", "trainjob").code == 2
 
 
 def test_unknown_context_lists_the_known_ones(ddp) -> None:

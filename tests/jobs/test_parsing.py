@@ -58,3 +58,12 @@ def test_pods_with_several_ranks_cover_consecutive_global_ranks() -> None:
     ranked = rank_pods([pod("master", 0), pod("worker", 0), pod("worker", 1)], ranks_per_pod=4)
     assert [p.rank_label for p in ranked] == ["0-3", "4-7", "8-11"]
     assert 5 in ranked[1].ranks and 8 not in ranked[1].ranks
+
+
+def test_prometheus_selectors_keep_the_two_kinds_apart() -> None:
+    from trainer.jobs.prom import selector
+
+    # A PyTorchJob's series from PodMonitors older than job_kind have none: "" matches them.
+    assert selector("a", "ns") == 'pytorchjob="a",namespace="ns",job_kind=~"PyTorchJob|"'
+    assert selector("a", "ns", "TrainJob") == 'pytorchjob="a",namespace="ns",job_kind="TrainJob"'
+    assert selector('x"y', "ns") .startswith('pytorchjob="x\\"y"')

@@ -19,6 +19,8 @@ from tests.support.prometheus import PrometheusServer, free_port
 RANKS = {"0": (0.52, 0.84, 0.61, 0.80, 1000.0),
          "1": (0.55, 0.83, 0.60, 0.81, 400.0),
          "2": (0.50, 0.86, 0.62, 0.79, 1000.0)}
+TRAINJOB_RANKS = {"0": (0.31, 0.90, 0.35, 0.88, 500.0),
+                  "5": (0.33, 0.89, 0.34, 0.87, 250.0)}
 
 
 @dataclass
@@ -30,19 +32,28 @@ class Exporter:
 @pytest.fixture(scope="module")
 def exporter() -> Iterator[Exporter]:
     registry = CollectorRegistry()
-    labels = ["rank", "split", "pytorchjob", "namespace"]
+    # job_kind "" is a series scraped by a PodMonitor from before job_kind (a PyTorchJob's).
+    labels = ["rank", "split", "pytorchjob", "namespace", "job_kind"]
     loss = Gauge("trainer_loss", "loss", labels, registry=registry)
     accuracy = Gauge("trainer_accuracy_ratio", "accuracy", labels, registry=registry)
-    samples = Counter("trainer_samples", "samples", ["rank", "pytorchjob", "namespace"],
-                      registry=registry)
+    samples = Counter("trainer_samples", "samples",
+                      ["rank", "pytorchjob", "namespace", "job_kind"], registry=registry)
     for rank, (tl, ta, vl, va, _) in RANKS.items():
-        loss.labels(rank, "train", "mnist", "training").set(tl)
-        accuracy.labels(rank, "train", "mnist", "training").set(ta)
-        loss.labels(rank, "val", "mnist", "training").set(vl)
-        accuracy.labels(rank, "val", "mnist", "training").set(va)
-    # Same names, another job and another namespace: must not leak into mnist's table.
-    loss.labels("0", "train", "other", "training").set(9.0)
-    loss.labels("5", "train", "mnist", "elsewhere").set(9.0)
+        loss.labels(rank, "train", "mnist", "training", "").set(tl)
+        accuracy.labels(rank, "train", "mnist", "training", "").set(ta)
+        loss.labels(rank, "val", "mnist", "training", "").set(vl)
+        accuracy.labels(rank, "val", "mnist", "training", "").set(va)
+    # Same names, another job, namespace or kind: must not leak into mnist's table.
+    loss.labels("0", "train", "other", "training", "").set(9.0)
+    loss.labels("5", "train", "mnist", "elsewhere", "").set(9.0)
+    loss.labels("3", "train", "mnist", "training", "TrainJob").set(9.0)
+    # The TrainJob "llm" (4 ranks per node in cluster_v2: ranks 0-7), and a PyTorchJob "llm".
+    for rank, (tl, ta, vl, va, _) in TRAINJOB_RANKS.items():
+        loss.labels(rank, "train", "llm", "training", "TrainJob").set(tl)
+        accuracy.labels(rank, "train", "llm", "training", "TrainJob").set(ta)
+        loss.labels(rank, "val", "llm", "training", "TrainJob").set(vl)
+        accuracy.labels(rank, "val", "llm", "training", "TrainJob").set(va)
+    loss.labels("0", "train", "llm", "training", "PyTorchJob").set(9.0)
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     stop = threading.Event()
@@ -50,8 +61,10 @@ def exporter() -> Iterator[Exporter]:
     def train() -> None:  # counters grow at each rank's throughput
         while not stop.wait(0.05):
             for rank, values in RANKS.items():
-                samples.labels(rank, "mnist", "training").inc(values[4] * 0.05)
-            samples.labels("0", "other", "training").inc(1.0)
+                samples.labels(rank, "mnist", "training", "").inc(values[4] * 0.05)
+            for rank, values in TRAINJOB_RANKS.items():
+                samples.labels(rank, "llm", "training", "TrainJob").inc(values[4] * 0.05)
+            samples.labels("0", "other", "training", "").inc(1.0)
 
     worker = threading.Thread(target=train, daemon=True)
     worker.start()
@@ -112,3 +125,17 @@ def test_status_with_an_unreachable_prometheus_prints_the_job_then_one_error(
     assert len(lines) == 1
     assert lines[0].startswith(f"error: cannot query Prometheus at {closed_port_url}")
     assert "port-forward" in lines[0]
+
+
+def test_status_of_a_trainjob_shows_its_ranks_only(
+        ddp2, prometheus: PrometheusServer) -> None:
+    result = ddp2("status", "llm", "--prometheus", prometheus.url, "--rate-window", "5s")
+    assert result.code == 0, result.err
+    assert "Progress:    42%" in result.out  # the Kubernetes part, trainerStatus included
+    section = result.out.split(f"Metrics (Prometheus {prometheus.url}):")[1]
+    rows = {line.split()[0]: line.split() for line in section.splitlines()[2:4]}
+    assert set(rows) == {"0", "5"}
+    assert float(rows["0"][1]) == pytest.approx(0.31)
+    assert float(rows["5"][5]) == pytest.approx(250.0, rel=0.3)
+    assert "9.0000" not in section  # the PyTorchJob of the same name
+    assert "Slowest rank: 5" in section

@@ -1,4 +1,4 @@
-"""Job management for PyTorchJobs: ``ddp-trainer jobs ...`` and the ``kubectl ddp`` plugin.
+"""Job management for PyTorchJobs and TrainJobs: ``ddp-trainer jobs ...`` and ``kubectl ddp``.
 
 Nothing here imports ``kubernetes`` at module level, so the trainer keeps working in images and
 venvs installed without the ``k8s`` extra; the commands import it when they run.

@@ -16,11 +16,14 @@ from typing import Any
 from trainer.errors import TrainerError
 from trainer.jobs import commands
 from trainer.jobs.errors import EXIT_ERROR, EXIT_FAILED, EXIT_SUCCEEDED, EXIT_TIMEOUT
+from trainer.jobs.kinds import CHOICES
 
 DESCRIPTION = (
-    "Manage PyTorchJobs (kubeflow.org/v1) of the training operator: list, status with per-rank "
-    "metrics, logs of all ranks, wait, delete, suspend and resume. Connects like kubectl "
-    "(--kubeconfig, $KUBECONFIG, ~/.kube/config or the pod's service account)."
+    "Manage PyTorchJobs (kubeflow.org/v1, training operator v1.9) and TrainJobs "
+    "(trainer.kubeflow.org/v1alpha1, Kubeflow Trainer v2): list, status with per-rank metrics, "
+    "logs of all ranks, wait, delete, suspend and resume. Both kinds by default (--kind). "
+    "Connects like kubectl (--kubeconfig, $KUBECONFIG, ~/.kube/config or the pod's service "
+    "account)."
 )
 WAIT_EPILOG = (
     f"exit codes: {EXIT_SUCCEEDED} Succeeded, {EXIT_FAILED} Failed, {EXIT_ERROR} error (cluster "
@@ -35,7 +38,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     TrainerError for problems.
     """
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "jobs", help="manage PyTorchJobs on Kubernetes", description=DESCRIPTION
+        "jobs", help="manage PyTorchJobs and TrainJobs on Kubernetes", description=DESCRIPTION
     )
     add_commands(parser)
     return parser
@@ -70,13 +73,15 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         p.set_defaults(func=_interruptible(func))
         return p
 
-    p = add("list", commands.cmd_list, "list PyTorchJobs: name, state, age, replicas, GPUs")
+    p = add("list", commands.cmd_list,
+            "list jobs: name (and kind), state, age, replicas, GPUs")
     p.add_argument("-A", "--all-namespaces", action="store_true",
                    help="list the jobs of every namespace")
 
     p = add("status", commands.cmd_status,
-            "show a job's conditions, replicas and pods (node, restarts); with --prometheus "
-            "also the latest loss, accuracy and samples/s of each rank and the slowest rank")
+            "show a job's conditions, replicas and pods (node, restarts), and a TrainJob's "
+            "reported progress; with --prometheus also the latest loss, accuracy and samples/s "
+            "of each rank and the slowest rank")
     _name(p)
     p.add_argument("--prometheus", metavar="URL",
                    help="Prometheus base URL, e.g. http://127.0.0.1:9090 after a port-forward")
@@ -102,13 +107,13 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-interval", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between checks (default: %(default)s)")
 
-    p = add("delete", commands.cmd_delete, "delete a job (the operator removes its pods)")
+    p = add("delete", commands.cmd_delete, "delete a job (the controller removes its pods)")
     _name(p)
     p = add("suspend", commands.cmd_suspend,
-            "suspend a job: the operator deletes its pods, keeping the job")
+            "suspend a job: the controller deletes its pods, keeping the job")
     _name(p)
     p = add("resume", commands.cmd_resume,
-            "resume a suspended job: the operator recreates its pods")
+            "resume a suspended job: the controller recreates its pods")
     _name(p)
 
 
@@ -129,7 +134,7 @@ def _interruptible(
 
 
 def _name(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", metavar="NAME", help="the PyTorchJob's name")
+    parser.add_argument("name", metavar="NAME", help="the job's name (PyTorchJob or TrainJob)")
 
 
 def _common_flags() -> argparse.ArgumentParser:
@@ -143,6 +148,9 @@ def _common_flags() -> argparse.ArgumentParser:
                        help="namespace (default: the context's namespace, else 'default')")
     group.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS",
                        help="timeout of each API request (default: %(default)s)")
+    group.add_argument("--kind", choices=sorted(CHOICES), default="all",
+                       help="which job kind: pytorchjob, trainjob, or all (default: both "
+                            "kinds the cluster serves)")
     # SUPPRESS: never overwrite a --debug that the trainer's top-level parser already set.
     group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="print tracebacks of errors")

@@ -7,12 +7,18 @@ import argparse
 import re
 import sys
 import time
-from typing import Any
 
 from trainer.jobs import logs, prom, render
-from trainer.jobs.errors import EXIT_FAILED, EXIT_SUCCEEDED, EXIT_TIMEOUT, JobsError
-from trainer.jobs.kube import GROUP, PLURAL, VERSION, Cluster, Target, connect
-from trainer.jobs.model import JobView, PodView, job_view, pod_view, rank_pods
+from trainer.jobs.errors import (
+    EXIT_FAILED,
+    EXIT_SUCCEEDED,
+    EXIT_TIMEOUT,
+    AmbiguousJob,
+    JobsError,
+)
+from trainer.jobs.kinds import CHOICES, LABEL_JOBSET, LABEL_RJOB, TRAINER_RJOB, TRAINJOB, Kind
+from trainer.jobs.kube import Cluster, Target, connect, job_not_found
+from trainer.jobs.model import JobView, PodView, job_view, pod_view, rank_pods, with_pod_counts
 
 
 def cluster_from(args: argparse.Namespace) -> Cluster:
@@ -26,70 +32,101 @@ def cluster_from(args: argparse.Namespace) -> Cluster:
     )
 
 
-def get_job(cluster: Cluster, name: str) -> JobView:
-    with cluster.errors(f"get pytorchjob {name}", job=name):
-        return job_view(cluster.training.get_job(name, cluster.namespace,
-                                                 timeout=cluster.timeout))
+def requested(args: argparse.Namespace) -> tuple[Kind, ...]:
+    return CHOICES[getattr(args, "kind", "all")]
 
 
-def get_pods(cluster: Cluster, job: JobView) -> list[PodView]:
-    with cluster.errors(f"list the pods of pytorchjob {job.name}"):
-        pods = cluster.training.get_job_pods(job.name, cluster.namespace,
-                                             timeout=cluster.timeout)
-    return rank_pods([pod_view(p) for p in pods], job.ranks_per_pod)
+def find_job(cluster: Cluster, name: str, kinds: tuple[Kind, ...]) -> tuple[Kind, JobView]:
+    """The one job called `name` among the served `kinds` (a name may exist in both)."""
+    from kubernetes.client.exceptions import ApiException
+
+    served = cluster.served(kinds)
+    found: list[tuple[Kind, JobView]] = []
+    for kind in served:
+        with cluster.errors(f"get {kind.singular} {name}", kind, name):
+            try:
+                found.append((kind, job_view(cluster.get(kind, name))))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+    if not found:
+        raise job_not_found(name, cluster.namespace, served)
+    if len(found) > 1:
+        raise AmbiguousJob(
+            f'both a pytorchjob and a trainjob are called "{name}" in namespace '
+            f'"{cluster.namespace}"', "pick one with --kind pytorchjob or --kind trainjob")
+    return found[0]
+
+
+def get_pods(cluster: Cluster, kind: Kind, job: JobView) -> list[PodView]:
+    with cluster.errors(f"list the pods of {kind.singular} {job.name}", kind):
+        pods = cluster.pods(kind.pod_selector(job.name))
+    return rank_pods([pod_view(p, kind) for p in pods], job.ranks_per_pod)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
-    with cluster.errors("list pytorchjobs"):
-        if args.all_namespaces:
-            # TrainingClient lists one namespace only.
-            raw = cluster.custom.list_cluster_custom_object(
-                GROUP, VERSION, PLURAL, _request_timeout=cluster.timeout
-            )
-            models = [_deserialize(cluster, item) for item in raw.get("items", [])]
-        else:
-            models = cluster.training.list_jobs(cluster.namespace, timeout=cluster.timeout)
-    jobs = sorted((job_view(m) for m in models), key=lambda j: (j.namespace, j.name))
+    kinds = cluster.served(requested(args))
+    jobs: list[JobView] = []
+    for kind in kinds:
+        with cluster.errors(f"list {kind.plural}", kind):
+            views = [job_view(obj) for obj in cluster.list_jobs(kind, args.all_namespaces)]
+        if kind is TRAINJOB and views:
+            views = _with_running_nodes(cluster, views, args.all_namespaces)
+        jobs += views
+    jobs.sort(key=lambda j: (j.namespace, j.name, j.kind))
     if not jobs:
         where = "any namespace" if args.all_namespaces else f"namespace {cluster.namespace!r}"
-        print(f"No pytorchjobs in {where}.", file=sys.stderr)
+        print(f"No {' or '.join(k.plural for k in kinds)} in {where}.", file=sys.stderr)
         return 0
-    print(render.job_table(jobs, all_namespaces=args.all_namespaces))
+    print(render.job_table(jobs, all_namespaces=args.all_namespaces, kinds=len(kinds) > 1))
     return 0
+
+
+def _with_running_nodes(cluster: Cluster, jobs: list[JobView],
+                        all_namespaces: bool) -> list[JobView]:
+    # One pod list for all TrainJobs: their status counts child Jobs, not pods.
+    with cluster.errors("list the pods of the trainjobs", TRAINJOB):
+        pods = cluster.pods(f"{LABEL_JOBSET},{LABEL_RJOB}={TRAINER_RJOB}", all_namespaces)
+    by_job: dict[tuple[str, str], list[PodView]] = {}
+    for pod in pods:
+        key = (str(pod.metadata.namespace), str((pod.metadata.labels or {})[LABEL_JOBSET]))
+        by_job.setdefault(key, []).append(pod_view(pod, TRAINJOB))
+    return [with_pod_counts(j, by_job.get((j.namespace, j.name), [])) for j in jobs]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
-    job = get_job(cluster, args.name)
-    pods = get_pods(cluster, job)
-    print(render.job_status(job, pods))
+    kind, job = find_job(cluster, args.name, requested(args))
+    pods = get_pods(cluster, kind, job)
+    print(render.job_status(with_pod_counts(job, pods), pods))
     if args.prometheus:
         sys.stdout.flush()
         metrics = prom.job_metrics(
-            args.prometheus, job.name, job.namespace, window=args.rate_window,
+            args.prometheus, job.name, job.namespace, kind=kind.name, window=args.rate_window,
             timeout=args.request_timeout,
         )
-        print(prom.render(metrics, args.prometheus, job.name, job.namespace))
+        print(prom.render(metrics, args.prometheus, job.name, job.namespace, kind.name))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
-    job = get_job(cluster, args.name)  # a clear "not found" instead of "no pods"
-    pods = get_pods(cluster, job)
+    kind, job = find_job(cluster, args.name, requested(args))  # "not found", not "no pods"
+    pods = get_pods(cluster, kind, job)
     if args.rank is not None:
         chosen = [p for p in pods if args.rank in p.ranks]
         if not chosen:
             known = ", ".join(p.rank_label for p in pods) or "none"
             raise JobsError(
-                f"pytorchjob {args.name!r} has no pod with rank {args.rank} (ranks: {known})",
+                f"{kind.singular} {args.name!r} has no pod with rank {args.rank} "
+                f"(ranks: {known})",
                 "pick a rank from `status`, or leave out --rank for all ranks",
             )
         pods = chosen
     if not pods:
-        print(f"pytorchjob {args.name!r} has no pods (suspended, finished and cleaned up, "
-              "or not scheduled yet).", file=sys.stderr)
+        print(f"{kind.singular} {args.name!r} has no pods (suspended, finished and cleaned "
+              "up, or not scheduled yet).", file=sys.stderr)
         return 0
     if args.follow:
         logs.follow(cluster, pods, args.tail, sys.stdout, sys.stderr)
@@ -105,10 +142,14 @@ def cmd_wait(args: argparse.Namespace) -> int:
     started = time.monotonic()
     deadline = started + timeout if timeout > 0 else None
     last_state = ""
+    kinds = requested(args)
     while True:
-        job = get_job(cluster, args.name)
+        kind, job = find_job(cluster, args.name, kinds)
+        kinds = (kind,)  # found once: keep polling that kind only
+        if job.kind == TRAINJOB.name and not job.finished and not job.suspended:
+            job = with_pod_counts(job, get_pods(cluster, kind, job))  # Running or Pending
         if job.state != last_state:
-            print(f"pytorchjob/{job.name} {job.state}", flush=True)
+            print(f"{kind.singular}/{job.name} {job.state}", flush=True)
             last_state = job.state
         if job.state == "Succeeded":
             return EXIT_SUCCEEDED
@@ -120,8 +161,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             print(
-                f"timed out after {render.duration(now - started)}: pytorchjob/{job.name} is "
-                f"still {job.state}", file=sys.stderr,
+                f"timed out after {render.duration(now - started)}: {kind.singular}/{job.name} "
+                f"is still {job.state}", file=sys.stderr,
             )
             return EXIT_TIMEOUT
         pause = args.poll_interval if deadline is None else min(args.poll_interval,
@@ -131,9 +172,10 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
-    with cluster.errors(f"delete pytorchjob {args.name}", job=args.name):
-        cluster.training.delete_job(args.name, cluster.namespace)
-    print(f'pytorchjob.kubeflow.org "{args.name}" deleted')
+    kind, _ = find_job(cluster, args.name, requested(args))
+    with cluster.errors(f"delete {kind.singular} {args.name}", kind, args.name):
+        cluster.delete(kind, args.name)
+    print(f'{kind.singular}.{kind.group} "{args.name}" deleted')
     return 0
 
 
@@ -147,23 +189,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _set_suspend(args: argparse.Namespace, suspend: bool) -> int:
     cluster = cluster_from(args)
-    job = get_job(cluster, args.name)
+    kind, job = find_job(cluster, args.name, requested(args))
     verb = "suspended" if suspend else "resumed"
     if job.finished:
         raise JobsError(
-            f"pytorchjob {args.name!r} already {job.state}; it cannot be {verb}",
+            f"{kind.singular} {args.name!r} already {job.state}; it cannot be {verb}",
             "submit a new job (the chart's `helm upgrade --install`) to train again",
         )
     if job.suspended == suspend:
-        print(f"pytorchjob.kubeflow.org/{args.name} already {verb}")
+        print(f"{kind.singular}.{kind.group}/{args.name} already {verb}")
         return 0
-    # A merge patch of one field, as `kubectl patch --type merge` sends: the operator deletes
-    # the pods on suspend and recreates them on resume (training resumes from a checkpoint).
-    patch = {"spec": {"runPolicy": {"suspend": suspend}}}
-    with cluster.errors(f"{'suspend' if suspend else 'resume'} pytorchjob {args.name}",
-                        job=args.name):
-        cluster.training.update_job(patch, args.name, cluster.namespace)
-    print(f"pytorchjob.kubeflow.org/{args.name} {verb}")
+    # A merge patch of one field, as `kubectl patch --type merge` sends: the controller
+    # deletes the pods on suspend and recreates them on resume (training resumes from a
+    # checkpoint). A PyTorchJob without spec.runPolicy gets one holding just `suspend`.
+    with cluster.errors(f"{'suspend' if suspend else 'resume'} {kind.singular} {args.name}",
+                        kind, args.name):
+        cluster.merge_patch(kind, args.name, kind.suspend_patch(suspend))
+    print(f"{kind.singular}.{kind.group}/{args.name} {verb}")
     return 0
 
 
@@ -182,13 +224,3 @@ def parse_duration(text: str) -> float:
             f"--timeout {text!r} is not a duration", 'use e.g. "90s", "30m", "2h", or 0 for none'
         )
     return sum(float(n) * _UNITS[u] for n, u in parts)
-
-
-def _deserialize(cluster: Cluster, item: dict[str, Any]) -> Any:
-    # Reuse TrainingClient's model mapping so -A yields the same typed jobs as one namespace.
-    from kubeflow.training.constants import constants
-    from kubeflow.training.utils import utils
-
-    return cluster.training.api_client.deserialize(
-        utils.FakeResponse(item), constants.JOB_PARAMETERS[constants.PYTORCHJOB_KIND]["model"]
-    )

@@ -10,12 +10,6 @@ EXIT_FAILED = 1
 EXIT_ERROR = TrainerError.exit_code
 EXIT_TIMEOUT = 3
 
-INSTALL_OPERATOR = (
-    'install the Kubeflow training operator v1.9: kubectl apply --server-side -k '
-    '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.3"'
-)
-
-
 class JobsError(TrainerError):
     """A job command could not do what was asked."""
 
@@ -43,11 +37,15 @@ class AccessDenied(JobsError):
 
 
 class CrdNotInstalled(JobsError):
-    """The PyTorchJob CRD (kubeflow.org/v1) is not served by this cluster."""
+    """No CRD of the kinds asked for (PyTorchJob, TrainJob) is served by this cluster."""
 
 
 class JobNotFound(JobsError):
-    """No PyTorchJob of that name in the namespace."""
+    """No job of that name (and kind) in the namespace."""
+
+
+class AmbiguousJob(JobsError):
+    """A PyTorchJob and a TrainJob share the name: the user must pick one with --kind."""
 
 
 class ApiFailed(JobsError):

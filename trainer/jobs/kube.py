@@ -1,20 +1,21 @@
 """Connecting to the cluster like kubectl does, and turning API failures into one-line errors.
 
-``kubernetes`` and ``kubeflow-training`` are imported here, inside functions, and nowhere at
-module level: the ``k8s`` extra is optional.
+``kubernetes`` is imported here, inside functions, and nowhere at module level: the ``k8s``
+extra is optional.
 
 Which client does what:
 
-- ``TrainingClient`` (kubeflow-training) reads, lists, patches and deletes PyTorchJobs and finds
-  a job's pods by the operator's labels; it returns typed models, so the rest of the package
-  never parses raw JSON. We hand it our own ``Configuration`` so that ``--kubeconfig``,
-  ``--context`` and ``KUBECONFIG`` are honoured exactly as kubectl does (its own loader would
-  set a process-global default and ignore an explicit context's namespace).
-- ``CustomObjectsApi`` lists PyTorchJobs across all namespaces (``-A``) and asks API discovery
-  whether the CRD is served: TrainingClient has no call for either.
-- ``CoreV1Api`` streams pod logs: ``TrainingClient.get_job_logs`` prints to stdout itself,
-  skips pending pods silently and returns only after every stream ends, which rules out a
-  rank prefix, ``--follow`` of all ranks interleaved, and per-pod error notes.
+- ``CustomObjectsApi`` reads, lists, merge-patches and deletes PyTorchJobs and TrainJobs as plain
+  JSON, and asks API discovery whether a CRD is served. kubeflow-training's ``TrainingClient``
+  is not used: it deserialises every PyTorchJob into typed models that are stricter than the
+  CRD (a job without the optional ``spec.runPolicy`` made ``list`` fail with
+  "Failed to list PyTorchJobs"), and the Kubeflow SDK's ``TrainerClient`` has the same problem
+  for TrainJobs (see :mod:`trainer.jobs.kinds`). :mod:`trainer.jobs.model` reads only the
+  fields it needs and tolerates every other shape the CRDs admit.
+- ``CoreV1Api`` lists a job's pods by their labels and streams pod logs.
+
+Our own ``Configuration`` is loaded so that ``--kubeconfig``, ``--context`` and ``KUBECONFIG``
+are honoured exactly as kubectl does, without touching the process-global default.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from typing import Any
 
 from trainer.errors import TrainerError
 from trainer.jobs.errors import (
-    INSTALL_OPERATOR,
     AccessDenied,
     ApiFailed,
     ClientMissing,
@@ -38,16 +38,7 @@ from trainer.jobs.errors import (
     JobNotFound,
     KubeconfigError,
 )
-
-GROUP = "kubeflow.org"
-VERSION = "v1"
-PLURAL = "pytorchjobs"
-KIND = "PyTorchJob"
-CONTAINER = "pytorch"  # the operator requires the training container to have this name
-
-LABEL_JOB = "training.kubeflow.org/job-name"
-LABEL_TYPE = "training.kubeflow.org/replica-type"
-LABEL_INDEX = "training.kubeflow.org/replica-index"
+from trainer.jobs.kinds import KINDS, Kind
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -64,11 +55,10 @@ class Target:
 
 def require_client() -> None:
     """Fail with the install hint when the ``k8s`` extra is missing."""
-    for module in ("kubernetes", "kubeflow.training"):
-        try:
-            __import__(module)
-        except ImportError:
-            raise ClientMissing(module.replace(".", "-")) from None
+    try:
+        __import__("kubernetes")
+    except ImportError:
+        raise ClientMissing("kubernetes") from None
 
 
 @dataclass
@@ -80,30 +70,77 @@ class Cluster:
     context: str
     timeout: float
     api_client: Any
-    training: Any  # kubeflow.training.TrainingClient
     core: Any  # kubernetes.client.CoreV1Api
     custom: Any  # kubernetes.client.CustomObjectsApi
 
+    @property
+    def request_timeout(self) -> tuple[float, float]:
+        # (connect, read): the client ignores a plain float (kubernetes/client/rest.py
+        # honours only an int or a 2-tuple) and then waits forever.
+        return (self.timeout, self.timeout)
+
+    # -- the job objects, as plain JSON ------------------------------------------------------
+
+    def get(self, kind: Kind, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            kind.group, kind.version, self.namespace, kind.plural, name,
+            _request_timeout=self.request_timeout)
+        return obj
+
+    def list_jobs(self, kind: Kind, all_namespaces: bool) -> list[dict[str, Any]]:
+        if all_namespaces:
+            raw = self.custom.list_cluster_custom_object(
+                kind.group, kind.version, kind.plural, _request_timeout=self.request_timeout)
+        else:
+            raw = self.custom.list_namespaced_custom_object(
+                kind.group, kind.version, self.namespace, kind.plural,
+                _request_timeout=self.request_timeout)
+        return [dict(item) for item in raw.get("items") or []]
+
+    def delete(self, kind: Kind, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(
+            kind.group, kind.version, self.namespace, kind.plural, name,
+            _request_timeout=self.request_timeout)
+
+    def merge_patch(self, kind: Kind, name: str, patch: dict[str, Any]) -> None:
+        # The client sends a dict body of a custom-object PATCH as application/merge-patch+json.
+        self.custom.patch_namespaced_custom_object(
+            kind.group, kind.version, self.namespace, kind.plural, name, patch,
+            _request_timeout=self.request_timeout)
+
+    def pods(self, selector: str, all_namespaces: bool = False) -> list[Any]:
+        if all_namespaces:
+            result = self.core.list_pod_for_all_namespaces(
+                label_selector=selector, _request_timeout=self.request_timeout)
+        else:
+            result = self.core.list_namespaced_pod(
+                self.namespace, label_selector=selector, _request_timeout=self.request_timeout)
+        return list(result.items or [])
+
+    # -- errors ------------------------------------------------------------------------------
+
     @contextmanager
-    def errors(self, action: str, job: str | None = None) -> Iterator[None]:
+    def errors(self, action: str, kind: Kind | None = None,
+               job: str | None = None) -> Iterator[None]:
         """Translate whatever the clients raise into one JobsError naming problem and fix."""
         try:
             yield
         except TrainerError:
             raise
         except Exception as exc:  # noqa: BLE001 - classified below, re-raised if unknown
-            translated = self.translate(exc, action, job)
+            translated = self.translate(exc, action, kind, job)
             if translated is None:
                 raise
             raise translated from exc
 
-    def translate(self, exc: BaseException, action: str, job: str | None) -> TrainerError | None:
+    def translate(self, exc: BaseException, action: str, kind: Kind | None,
+                  job: str | None) -> TrainerError | None:
         from kubernetes.client.exceptions import ApiException
 
         chain = list(_exception_chain(exc))
         for err in chain:
             if isinstance(err, ApiException):
-                return self._api_error(err, action, job)
+                return self._api_error(err, action, kind, job)
         for err in chain:
             if _is_connection_error(err):
                 return ClusterUnreachable(
@@ -114,20 +151,14 @@ class Cluster:
                 )
         return None
 
-    def _api_error(self, err: Any, action: str, job: str | None) -> TrainerError:
+    def _api_error(self, err: Any, action: str, kind: Kind | None,
+                   job: str | None) -> TrainerError:
         status = int(err.status or 0)
-        if status == 404:
-            if not self.crd_installed():
-                return CrdNotInstalled(
-                    f"the cluster at {self.server} does not serve {PLURAL}.{GROUP}/{VERSION} "
-                    f"(the PyTorchJob CRD is not installed)",
-                    INSTALL_OPERATOR,
-                )
+        if status == 404 and kind is not None:
+            if not self.crd_installed(kind):
+                return crd_missing(self.server, (kind,))
             if job is not None:
-                return JobNotFound(
-                    f'pytorchjob "{job}" not found in namespace "{self.namespace}"',
-                    "find it with `kubectl get pytorchjobs -A` and pass its -n/--namespace",
-                )
+                return job_not_found(job, self.namespace, (kind,))
         if status == 401:
             return AccessDenied(
                 f"the API server {self.server} rejected the credentials of context "
@@ -138,7 +169,7 @@ class Cluster:
             return AccessDenied(
                 f"not allowed to {action} in namespace {self.namespace!r}: "
                 f"{_status_message(err)}",
-                "ask for RBAC on pytorchjobs.kubeflow.org (get, list, patch, delete) and "
+                f"ask for RBAC on {_rbac_resources(kind)} (get, list, patch, delete) and "
                 "pods, pods/log (get, list), or use another --namespace",
             )
         return ApiFailed(
@@ -146,18 +177,50 @@ class Cluster:
             "retry; run with --debug for the full response",
         )
 
-    def crd_installed(self) -> bool:
-        """Ask API discovery whether pytorchjobs.kubeflow.org/v1 is served."""
+    def crd_installed(self, kind: Kind) -> bool:
+        """Ask API discovery whether the kind's group/version serves its plural."""
         from kubernetes.client.exceptions import ApiException
 
         try:
             resources = self.custom.get_api_resources(
-                GROUP, VERSION, _request_timeout=self.timeout
+                kind.group, kind.version, _request_timeout=self.request_timeout
             )
         except ApiException as exc:
             # Anything but 404 leaves the question open: let the original error speak.
             return bool(exc.status != 404)
-        return any(r.name == PLURAL for r in (resources.resources or []))
+        return any(r.name == kind.plural for r in (resources.resources or []))
+
+    def served(self, kinds: tuple[Kind, ...]) -> tuple[Kind, ...]:
+        """The kinds whose CRD this cluster serves; CrdNotInstalled when none is."""
+        with self.errors("discover the served job kinds"):
+            served = tuple(k for k in kinds if self.crd_installed(k))
+        if not served:
+            raise crd_missing(self.server, kinds)
+        return served
+
+
+def crd_missing(server: str, kinds: tuple[Kind, ...]) -> CrdNotInstalled:
+    if len(kinds) == 1:
+        problem = (f"the cluster at {server} does not serve {kinds[0].resource} "
+                   f"(the {kinds[0].name} CRD is not installed)")
+    else:
+        problem = (f"the cluster at {server} serves neither "
+                   f"{' nor '.join(k.resource for k in kinds)} "
+                   f"(no {' or '.join(k.name for k in kinds)} CRD is installed)")
+    return CrdNotInstalled(problem, "; or ".join(k.install for k in kinds))
+
+
+def job_not_found(name: str, namespace: str, kinds: tuple[Kind, ...]) -> JobNotFound:
+    what = " or ".join(k.singular for k in kinds)
+    plurals = ",".join(k.plural for k in kinds)
+    return JobNotFound(
+        f'{what} "{name}" not found in namespace "{namespace}"',
+        f"find it with `kubectl get {plurals} -A` and pass its -n/--namespace",
+    )
+
+
+def _rbac_resources(kind: Kind | None) -> str:
+    return " and ".join(f"{k.plural}.{k.group}" for k in ((kind,) if kind else KINDS))
 
 
 def connect(target: Target) -> Cluster:
@@ -165,7 +228,6 @@ def connect(target: Target) -> Cluster:
     else the pod's service account; the namespace from -n, else the context, else default."""
     require_client()
     import urllib3
-    from kubeflow.training import TrainingClient
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
@@ -222,21 +284,16 @@ def connect(target: Target) -> Cluster:
     configuration.retries = 1
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     api_client = client.ApiClient(configuration)
-    training = TrainingClient(client_configuration=configuration, namespace=namespace)
-    # TrainingClient bounds its calls by waiting on a worker thread, which leaves the request
-    # hanging behind it; a socket timeout on both connection pools ends it for real.
-    # (`logs --follow` overrides the read timeout per request: logs may be quiet for long.)
-    for rest in (api_client.rest_client, training.custom_api.api_client.rest_client):
-        rest.pool_manager.connection_pool_kw["timeout"] = urllib3.Timeout(
-            connect=target.request_timeout, read=target.request_timeout
-        )
+    # A socket timeout on the pool for requests sent without a per-request timeout.
+    api_client.rest_client.pool_manager.connection_pool_kw["timeout"] = urllib3.Timeout(
+        connect=target.request_timeout, read=target.request_timeout
+    )
     return Cluster(
         namespace=namespace,
         server=str(configuration.host),
         context=context,
         timeout=target.request_timeout,
         api_client=api_client,
-        training=training,
         core=client.CoreV1Api(api_client),
         custom=client.CustomObjectsApi(api_client),
     )
@@ -250,8 +307,7 @@ def _service_account_namespace() -> str:
 
 
 def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
-    # TrainingClient re-raises everything as RuntimeError/TimeoutError; the original error
-    # survives only as __cause__ (ApiException) or __context__ (urllib3 errors).
+    # The client wraps socket errors in urllib3's; the cause survives as __cause__/__context__.
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from trainer.jobs.kube import CONTAINER, Cluster
+from trainer.jobs.kube import Cluster
 from trainer.jobs.model import PodView
 
 
@@ -119,7 +119,7 @@ def _read(cluster: Cluster, pod: PodView, *, tail: int | None, follow: bool, tim
     from kubernetes.client.exceptions import ApiException
 
     kwargs: dict[str, Any] = {
-        "container": CONTAINER,
+        "container": pod.container,
         "follow": follow,
         "timestamps": timestamps,
         # Undecoded: the client would json.loads() a log that looks like JSON.

@@ -1,7 +1,7 @@
-"""Plain views of PyTorchJobs and their pods, built from the typed models the clients return.
+"""Plain views of PyTorchJobs, TrainJobs and their pods.
 
-The rest of the package renders and decides on these small dataclasses, never on client models,
-so it can be read (and typed) without knowing kubeflow-training's model classes.
+Jobs are read from the API's plain JSON (every field optional, unknown ones ignored), pods from
+the core client's V1Pod. The rest of the package renders and decides on these small dataclasses.
 """
 
 from __future__ import annotations
@@ -10,13 +10,26 @@ import datetime as dt
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainer.jobs.kube import CONTAINER, LABEL_INDEX, LABEL_TYPE
+from trainer.jobs.kinds import (
+    LABEL_COMPLETION_INDEX,
+    LABEL_INDEX,
+    LABEL_RJOB,
+    LABEL_TYPE,
+    PYTORCHJOB,
+    TRAINER_RJOB,
+    TRAINJOB,
+    Kind,
+    kind_of,
+)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # Terminal states first: a job that Failed after Running is Failed.
 STATE_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
 TERMINAL = ("Succeeded", "Failed")
+# A TrainJob's conditions (trainer v2.3.0 pkg/apis/trainer/v1alpha1/trainjob_types.go:58-64):
+# Suspended, Complete, Failed. Complete reads as Succeeded, as for PyTorchJobs.
+TRAINJOB_STATES = {"Complete": "Succeeded"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,16 @@ class ReplicaView:
 
 
 @dataclass(frozen=True)
+class TrainerStatusView:
+    """A TrainJob's ``status.trainerStatus`` (KEP-2779), as the training code reported it."""
+
+    progress: int | None
+    remaining_seconds: int | None
+    metrics: tuple[tuple[str, str], ...]
+    updated: dt.datetime | None
+
+
+@dataclass(frozen=True)
 class JobView:
     name: str
     namespace: str
@@ -47,15 +70,24 @@ class JobView:
     conditions: tuple[Condition, ...]
     replicas: tuple[ReplicaView, ...]
     nproc_per_node: str | None = None
+    kind: str = PYTORCHJOB.name
+    runtime: str = ""  # TrainJob: "ClusterTrainingRuntime/torch-distributed"
+    trainer_status: TrainerStatusView | None = None
 
     @property
     def state(self) -> str:
-        """The operator's state: the strongest condition whose status is True."""
-        true = {c.type for c in self.conditions if c.status == "True"}
+        """The controller's state: the strongest condition whose status is True. A TrainJob
+        has no Running condition: with pods active (see with_pod_counts) it is Running."""
+        true = {TRAINJOB_STATES.get(c.type, c.type) for c in self.conditions
+                if c.status == "True"}
         for state in STATE_PRECEDENCE:
             if state in true:
                 return state
-        return "Suspended" if self.suspended else "Pending"
+        if self.suspended:
+            return "Suspended"
+        if self.kind == TRAINJOB.name and self.active > 0:
+            return "Running"
+        return "Pending"
 
     @property
     def finished(self) -> bool:
@@ -100,6 +132,7 @@ class PodView:
     # the pod runs, node_rank * ranks_per_pod ... + ranks_per_pod - 1.
     node_rank: int = 0
     ranks_per_pod: int = 1
+    container: str = PYTORCHJOB.container
 
     @property
     def first_rank(self) -> int:
@@ -117,74 +150,145 @@ class PodView:
         return f"{self.first_rank}-{self.ranks.stop - 1}"
 
 
-def job_view(job: Any) -> JobView:
-    """Build a JobView from a KubeflowOrgV1PyTorchJob model."""
-    meta = job.metadata
-    spec = job.spec
-    status = job.status
-    statuses = (status.replica_statuses if status else None) or {}
+def job_view(obj: dict[str, Any]) -> JobView:
+    """Build a JobView from a PyTorchJob or TrainJob as the API returns it (plain JSON).
+
+    Every field but ``metadata.name`` is optional here, as in the CRDs: a job without
+    ``spec.runPolicy``, without ``status`` or with fields we do not know is shown, not refused.
+    """
+    if kind_of(obj) is TRAINJOB:
+        return _trainjob_view(obj)
+    meta = _map(obj.get("metadata"))
+    spec = _map(obj.get("spec"))
+    status = _map(obj.get("status"))
+    statuses = _map(status.get("replicaStatuses"))
     replicas = []
-    for rtype, rspec in sorted((spec.pytorch_replica_specs or {}).items(), key=_master_first):
-        rstatus = statuses.get(rtype)
+    for rtype, rspec in sorted(_map(spec.get("pytorchReplicaSpecs")).items(), key=_master_first):
+        rspec = _map(rspec)
+        rstatus = _map(statuses.get(rtype))
         replicas.append(
             ReplicaView(
-                type=rtype,
-                replicas=int(rspec.replicas if rspec.replicas is not None else 1),
-                gpus_per_replica=_gpus(rspec.template),
-                active=int(getattr(rstatus, "active", 0) or 0),
-                succeeded=int(getattr(rstatus, "succeeded", 0) or 0),
-                failed=int(getattr(rstatus, "failed", 0) or 0),
+                type=str(rtype),
+                replicas=_int(rspec.get("replicas"), 1),
+                gpus_per_replica=_gpus(_map(_map(rspec.get("template")).get("spec"))),
+                active=_int(rstatus.get("active")),
+                succeeded=_int(rstatus.get("succeeded")),
+                failed=_int(rstatus.get("failed")),
             )
         )
-    conditions = tuple(
-        Condition(
-            type=str(c.type),
-            status=str(c.status),
-            reason=str(c.reason or ""),
-            message=str(c.message or ""),
-            last_transition=_aware(c.last_transition_time),
-        )
-        for c in ((status.conditions if status else None) or [])
-    )
-    run_policy = spec.run_policy
-    nproc = getattr(spec, "nproc_per_node", None)
+    nproc = spec.get("nprocPerNode")
     return JobView(
-        name=str(meta.name),
-        namespace=str(meta.namespace or ""),
-        created=_aware(meta.creation_timestamp),
-        suspended=bool(run_policy and run_policy.suspend),
-        conditions=conditions,
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace") or ""),
+        created=_aware(meta.get("creationTimestamp")),
+        suspended=bool(_map(spec.get("runPolicy")).get("suspend")),
+        conditions=_conditions(status),
         replicas=tuple(replicas),
         nproc_per_node=str(nproc) if nproc is not None else None,
     )
 
 
-def pod_view(pod: Any) -> PodView:
-    """Build a PodView from a V1Pod of the job (labels set by the operator)."""
+def _trainjob_view(obj: dict[str, Any]) -> JobView:
+    meta = _map(obj.get("metadata"))
+    spec = _map(obj.get("spec"))
+    status = _map(obj.get("status"))
+    trainer = _map(spec.get("trainer"))
+    resources = _map(trainer.get("resourcesPerNode"))
+    nodes = trainer.get("numNodes")
+    nproc = trainer.get("numProcPerNode")
+    ref = _map(spec.get("runtimeRef"))
+    return JobView(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace") or ""),
+        created=_aware(meta.get("creationTimestamp")),
+        suspended=bool(spec.get("suspend")),
+        conditions=_conditions(status),
+        # The runtime decides the node count when the TrainJob does not (0: not known here).
+        replicas=(ReplicaView(type=TRAINER_RJOB, replicas=_int(nodes),
+                              gpus_per_replica=_resource_gpus(resources)),),
+        nproc_per_node=str(nproc) if nproc is not None else None,
+        kind=TRAINJOB.name,
+        runtime=f"{ref.get('kind') or 'ClusterTrainingRuntime'}/{ref.get('name', '')}",
+        trainer_status=_trainer_status(_map(status.get("trainerStatus"))),
+    )
+
+
+def _trainer_status(raw: dict[str, Any]) -> TrainerStatusView | None:
+    if not raw:
+        return None
+    progress = raw.get("progressPercentage")
+    eta = raw.get("estimatedRemainingSeconds")
+    return TrainerStatusView(
+        progress=_int(progress) if progress is not None else None,
+        remaining_seconds=_int(eta) if eta is not None else None,
+        metrics=tuple((str(m.get("name", "")), str(m.get("value", "")))
+                      for m in (raw.get("metrics") or []) if isinstance(m, dict)),
+        updated=_aware(raw.get("lastUpdatedTime")),
+    )
+
+
+def _conditions(status: dict[str, Any]) -> tuple[Condition, ...]:
+    return tuple(
+        Condition(
+            type=str(c.get("type", "")),
+            status=str(c.get("status", "")),
+            reason=str(c.get("reason") or ""),
+            message=str(c.get("message") or ""),
+            last_transition=_aware(c.get("lastTransitionTime")),
+        )
+        for c in (status.get("conditions") or [])
+        if isinstance(c, dict)
+    )
+
+
+def pod_view(pod: Any, kind: Kind = PYTORCHJOB) -> PodView:
+    """Build a PodView from a V1Pod of a job (labels set by the operator or by JobSet)."""
     labels = pod.metadata.labels or {}
     statuses = (pod.status.container_statuses if pod.status else None) or []
-    main = next((s for s in statuses if s.name == CONTAINER), statuses[0] if statuses else None)
+    main = next((s for s in statuses if s.name == kind.container),
+                statuses[0] if statuses else None)
     waiting = main.state.waiting if main is not None and main.state is not None else None
+    if kind is TRAINJOB:
+        replica_type = str(labels.get(LABEL_RJOB, TRAINER_RJOB))
+        index = labels.get(LABEL_COMPLETION_INDEX)
+        if index is None:  # the label exists since Kubernetes 1.28; the annotation since 1.21
+            index = (pod.metadata.annotations or {}).get(LABEL_COMPLETION_INDEX)
+    else:
+        replica_type = str(labels.get(LABEL_TYPE, "")).lower()
+        index = labels.get(LABEL_INDEX)
     return PodView(
         name=str(pod.metadata.name),
-        replica_type=str(labels.get(LABEL_TYPE, "")).lower(),
-        replica_index=int(labels.get(LABEL_INDEX, 0) or 0),
+        replica_type=replica_type,
+        replica_index=_int(index),
         phase=str((pod.status.phase if pod.status else None) or "Unknown"),
         node=str((pod.spec.node_name if pod.spec else None) or "-"),
         restarts=int(sum(int(s.restart_count or 0) for s in statuses)),
         ready=bool(main is not None and main.ready),
         started=_aware(pod.status.start_time if pod.status else None),
         waiting_reason=str(waiting.reason or "") if waiting is not None else "",
+        container=kind.container,
     )
 
 
+def with_pod_counts(job: JobView, pods: list[PodView]) -> JobView:
+    """A TrainJob's replica counts from its pods (its status counts child Jobs, not pods)."""
+    if job.kind != TRAINJOB.name:
+        return job
+    phases = [p.phase for p in pods]
+    (node,) = job.replicas
+    node = replace(node, active=sum(p in ("Running", "Pending") for p in phases),
+                   succeeded=phases.count("Succeeded"), failed=phases.count("Failed"))
+    return replace(job, replicas=(node,))
+
+
 def rank_pods(pods: list[PodView], ranks_per_pod: int = 1) -> list[PodView]:
-    """Order pods by node rank and fill in their ranks: the operator gives master-0 node rank
-    0 and worker-i node rank i+1 (i when the job has no master), as PET_NODE_RANK."""
+    """Order pods by node rank and fill in their ranks, as PET_NODE_RANK: the training
+    operator gives master-0 node rank 0 and worker-i node rank i+1 (i when the job has no
+    master); a TrainJob's node pods have their Job completion index."""
     has_master = any(p.replica_type == "master" for p in pods)
     ranked = []
     for pod in pods:
-        if pod.replica_type == "master":
+        if pod.replica_type == TRAINER_RJOB or pod.replica_type == "master":
             node_rank = pod.replica_index
         else:
             node_rank = pod.replica_index + (1 if has_master else 0)
@@ -192,23 +296,32 @@ def rank_pods(pods: list[PodView], ranks_per_pod: int = 1) -> list[PodView]:
     return sorted(ranked, key=lambda p: (p.node_rank, p.name))
 
 
-def _gpus(template: Any) -> int:
-    containers = (template.spec.containers if template and template.spec else None) or []
-    total = 0
-    for container in containers:
-        resources = container.resources
-        limits = (resources.limits if resources else None) or {}
-        requests = (resources.requests if resources else None) or {}
-        value = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE, 0))
-        try:
-            total += int(value)
-        except (TypeError, ValueError):
-            continue
-    return total
+def _gpus(pod_spec: dict[str, Any]) -> int:
+    return sum(_resource_gpus(_map(_map(c).get("resources")))
+               for c in (pod_spec.get("containers") or []))
+
+
+def _resource_gpus(resources: dict[str, Any]) -> int:
+    limits = _map(resources.get("limits"))
+    requests = _map(resources.get("requests"))
+    return _int(limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE, 0)))
+
+
+def _map(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
 
 
 def _master_first(item: tuple[str, Any]) -> tuple[int, str]:
-    return (0 if item[0].lower() == "master" else 1, item[0])
+    return (0 if str(item[0]).lower() == "master" else 1, str(item[0]))
 
 
 def _aware(value: Any) -> dt.datetime | None:

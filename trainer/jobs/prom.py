@@ -1,7 +1,8 @@
 """Per-rank training metrics of one job, read from Prometheus' HTTP API (``status --prometheus``).
 
-Series come from the trainer's exporter, relabelled by the PodMonitor so every series carries
-``pytorchjob`` and ``namespace``: ``trainer_loss{rank,split}``,
+Series come from the trainer's exporter, relabelled by the chart's PodMonitor so every series
+carries ``pytorchjob`` (the job's name, of either kind), ``job_kind`` and ``namespace``:
+``trainer_loss{rank,split}``,
 ``trainer_accuracy_ratio{rank,split}`` and the counter ``trainer_samples_total{rank}``.
 Only the standard library is used: the ``k8s`` extra stays small.
 """
@@ -38,14 +39,17 @@ class Slowest:
         return 1.0 - self.samples_per_second / self.fastest if self.fastest > 0 else 0.0
 
 
-def selector(job: str, namespace: str) -> str:
-    return f'pytorchjob="{_escape(job)}",namespace="{_escape(namespace)}"'
+def selector(job: str, namespace: str, kind: str = "PyTorchJob") -> str:
+    # PodMonitors of chart versions before TrainJob support add no job_kind: an empty
+    # job_kind is a PyTorchJob.
+    kind_match = 'job_kind=~"PyTorchJob|"' if kind == "PyTorchJob" else f'job_kind="{kind}"'
+    return f'pytorchjob="{_escape(job)}",namespace="{_escape(namespace)}",{kind_match}'
 
 
-def queries(job: str, namespace: str, window: str) -> dict[str, str]:
+def queries(job: str, namespace: str, window: str, kind: str = "PyTorchJob") -> dict[str, str]:
     """The PromQL we send. ``max by`` folds duplicate series of one rank (a restarted pod
     leaves its old series for up to 5 minutes) into one value."""
-    sel = selector(job, namespace)
+    sel = selector(job, namespace, kind)
     return {
         "loss": f"max by (rank, split) (trainer_loss{{{sel}}})",
         "accuracy": f"max by (rank, split) (trainer_accuracy_ratio{{{sel}}})",
@@ -86,10 +90,10 @@ def instant_query(base_url: str, promql: str, timeout: float) -> list[tuple[dict
     return result
 
 
-def job_metrics(base_url: str, job: str, namespace: str, window: str = "1m",
-                timeout: float = 10.0) -> list[RankMetrics]:
+def job_metrics(base_url: str, job: str, namespace: str, kind: str = "PyTorchJob",
+                window: str = "1m", timeout: float = 10.0) -> list[RankMetrics]:
     """Latest loss/accuracy per rank and split, and samples/s per rank, ordered by rank."""
-    q = queries(job, namespace, window)
+    q = queries(job, namespace, window, kind)
     by_rank: dict[str, RankMetrics] = {}
 
     def get(rank: str) -> RankMetrics:
@@ -121,11 +125,12 @@ def slowest(metrics: list[RankMetrics]) -> Slowest | None:
     return Slowest(rank=low.rank, samples_per_second=low.samples_per_second or 0.0, fastest=high)
 
 
-def render(metrics: list[RankMetrics], base_url: str, job: str, namespace: str) -> str:
+def render(metrics: list[RankMetrics], base_url: str, job: str, namespace: str,
+           kind: str = "PyTorchJob") -> str:
     lines = [f"Metrics (Prometheus {base_url}):"]
     if not metrics:
         lines.append(
-            f"  <no trainer_* series with {selector(job, namespace)}: the job has not "
+            f"  <no trainer_* series with {selector(job, namespace, kind)}: the job has not "
             "reported yet, or its PodMonitor is not scraped by this Prometheus>"
         )
         return "\n".join(lines)

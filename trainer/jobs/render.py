@@ -42,22 +42,45 @@ def duration(seconds: float) -> str:
     return f"{days}d{hours}h" if hours else f"{days}d"
 
 
-def job_table(jobs: Sequence[JobView], all_namespaces: bool) -> str:
+def job_table(jobs: Sequence[JobView], all_namespaces: bool, kinds: bool = False) -> str:
+    """kubectl-style table; a KIND column when more than one kind is listed. A TrainJob whose
+    node count its runtime decides shows "?" as the desired replicas."""
     header = ["NAME", "STATE", "AGE", "REPLICAS", "GPUS"]
+    if kinds:
+        header.insert(1, "KIND")
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     rows = []
     for job in jobs:
-        row = [job.name, job.state, age(job.created), f"{job.active}/{job.desired}", str(job.gpus)]
+        desired = str(job.desired) if job.desired else "?"
+        row = [job.name, job.state, age(job.created), f"{job.active}/{desired}", str(job.gpus)]
+        if kinds:
+            row.insert(1, job.kind)
         if all_namespaces:
             row.insert(0, job.namespace)
         rows.append(row)
     return table(header, rows)
 
 
+def trainer_status(job: JobView, now: dt.datetime | None = None) -> list[str]:
+    """The lines of a TrainJob's status.trainerStatus (progress pushed by the trainer)."""
+    ts = job.trainer_status
+    if ts is None:
+        return ["Progress:    <none reported: the trainer reports it when the controller runs "
+                "with --feature-gates=TrainJobStatus=true>"]
+    progress = "?" if ts.progress is None else f"{ts.progress}%"
+    eta = "" if ts.remaining_seconds is None else f", about {duration(ts.remaining_seconds)} left"
+    lines = [f"Progress:    {progress}{eta} (reported {age(ts.updated, now)} ago)"]
+    if ts.metrics:
+        lines.append("Trainer metrics:")
+        lines.append(table(["NAME", "VALUE"], [list(m) for m in ts.metrics], indent="  "))
+    return lines
+
+
 def job_status(job: JobView, pods: Sequence[PodView]) -> str:
     lines = [
         f"Name:        {job.name}",
+        f"Kind:        {job.kind}",
         f"Namespace:   {job.namespace}",
         f"State:       {job.state}",
         f"Age:         {age(job.created)}",
@@ -65,12 +88,15 @@ def job_status(job: JobView, pods: Sequence[PodView]) -> str:
         f"GPUs:        {job.gpus}",
     ]
     lines.append(f"Ranks/pod:   {job.ranks_per_pod}")
+    if job.kind == "TrainJob":
+        lines.append(f"Runtime:     {job.runtime}")
+        lines += trainer_status(job)
     lines.append("Replicas:")
     lines.append(
         table(
             ["TYPE", "DESIRED", "ACTIVE", "SUCCEEDED", "FAILED", "GPUS/REPLICA"],
             [
-                [r.type, str(r.replicas), str(r.active), str(r.succeeded), str(r.failed),
+                [r.type, str(r.replicas or "?"), str(r.active), str(r.succeeded), str(r.failed),
                  str(r.gpus_per_replica)]
                 for r in job.replicas
             ],
@@ -90,7 +116,7 @@ def job_status(job: JobView, pods: Sequence[PodView]) -> str:
             )
         )
     else:
-        lines.append("  <none yet: the training operator has not reconciled this job>")
+        lines.append("  <none yet: the controller has not reconciled this job>")
     lines.append("Pods:")
     if pods:
         lines.append(

@@ -17,6 +17,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from trainer.config import MetricsConfig
+from trainer.metrics import trainjob_status
 from trainer.metrics.families import MetricValue, RunInfo, TrainerMetrics
 from trainer.metrics.serve import (
     ENV_DIR,
@@ -35,6 +36,7 @@ from trainer.metrics.serve import (
 __all__ = [
     "ENV_DIR",
     "PROMETHEUS_ENV_DIR",
+    "FanOut",
     "LauncherExporter",
     "MetricValue",
     "MetricsPortInUse",
@@ -70,6 +72,26 @@ class NullSink:
 
     def close(self) -> None:
         pass
+
+
+class FanOut:
+    """Several sinks behind one: the Prometheus sink and the TrainJob status reporter."""
+
+    def __init__(self, *sinks: MetricsSink) -> None:
+        self.sinks = sinks
+
+    @property
+    def port(self) -> int:
+        """Port this process serves on: the first sink's (the Prometheus one); 0 if none."""
+        return int(getattr(self.sinks[0], "port", 0)) if self.sinks else 0
+
+    def log(self, metrics: Mapping[str, MetricValue], step: int) -> None:
+        for sink in self.sinks:
+            sink.log(metrics, step)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
 
 
 class PrometheusSink:
@@ -113,7 +135,20 @@ class PrometheusSink:
 def build_metrics(
     cfg: MetricsConfig, info: RunInfo, registry: CollectorRegistry | None = None
 ) -> MetricsSink:
-    """The metrics sink of one rank (see :mod:`trainer.metrics.serve` for the modes).
+    """The metrics sink of one rank: Prometheus, plus on global rank 0 the TrainJob status
+    reporter when the Trainer v2 controller set ``KUBEFLOW_TRAINER_SERVER_*``
+    (:mod:`trainer.metrics.trainjob_status`; its request counter joins `registry`).
+    """
+    registry = registry if registry is not None else CollectorRegistry()
+    sink = _prometheus_sink(cfg, info, registry)
+    reporter = trainjob_status.from_env(info.world_size, info.rank, registry)
+    return sink if reporter is None else FanOut(sink, reporter)
+
+
+def _prometheus_sink(
+    cfg: MetricsConfig, info: RunInfo, registry: CollectorRegistry
+) -> MetricsSink:
+    """The Prometheus sink of one rank (see :mod:`trainer.metrics.serve` for the modes).
 
     * ``cfg.port == 0``: a no-op sink.
     * ``DDP_TRAINER_METRICS_DIR`` set (by ``ddp-trainer run``): write values to that
@@ -127,7 +162,6 @@ def build_metrics(
     """
     if cfg.port == 0:
         return NullSink()
-    registry = registry if registry is not None else CollectorRegistry()
 
     launcher_dir = os.environ.get(ENV_DIR)
     if launcher_dir:

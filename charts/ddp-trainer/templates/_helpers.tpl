@@ -127,9 +127,13 @@ The trainer config file: trainerConfig with the paths and the metrics port the p
 {{- end }}
 
 {{/*
-Checks the schema cannot express: cross-field rules of the training operator's admission webhook.
+Checks the schema cannot express: cross-field rules of the training operator's admission webhook,
+and under apiKind TrainJob every value that Trainer v2 cannot express (never dropped silently).
 */}}
 {{- define "ddp-trainer.validate" -}}
+{{- if include "ddp-trainer.isTrainJob" . }}
+{{- include "ddp-trainer.validateTrainJob" . }}
+{{- end }}
 {{- if and .Values.elastic.enabled (lt (int .Values.worker.replicas) 1) }}
 {{- fail "elastic.enabled: an elastic PyTorchJob needs a Worker replica spec; set worker.replicas to 1 or more" }}
 {{- end }}
@@ -139,6 +143,83 @@ Checks the schema cannot express: cross-field rules of the training operator's a
 {{- $max := int (default $nodes .Values.elastic.maxNodes) }}
 {{- if gt $min $max }}
 {{- fail (printf "elastic.minNodes (%d) must not exceed elastic.maxNodes (%d)" $min $max) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Kubeflow Trainer v2 mode (apiKind: TrainJob): "true" or "".
+*/}}
+{{- define "ddp-trainer.isTrainJob" -}}
+{{- if eq .Values.apiKind "TrainJob" }}true{{ end }}
+{{- end }}
+
+{{/*
+The training container's name: the training operator requires `pytorch`; Trainer v2's torch
+plugin finds the trainer container by the name `node` (kubeflow/trainer v2.3.0
+pkg/constants/constants.go:68-69, pkg/runtime/framework/plugins/torch/torch.go:140).
+*/}}
+{{- define "ddp-trainer.containerName" -}}
+{{- if include "ddp-trainer.isTrainJob" . }}node{{ else }}pytorch{{ end }}
+{{- end }}
+
+{{/*
+apiKind TrainJob: fail on values Kubeflow Trainer v2.3 cannot express, naming the value and the fix.
+*/}}
+{{- define "ddp-trainer.validateTrainJob" -}}
+{{- $v := .Values }}
+{{- $fix := "use apiKind=PyTorchJob, or leave it at its default" }}
+{{- if $v.elastic.enabled }}
+{{- fail (printf "elastic.enabled: Kubeflow Trainer v2 has no elastic PyTorch training (a TrainJob has no elasticPolicy); %s" $fix) }}
+{{- end }}
+{{- if $v.scheduling.volcano.enabled }}
+{{- fail (printf "scheduling.volcano.enabled: under Trainer v2 gang scheduling is the runtime's podGroupPolicy, not the job's; set it in your (Cluster)TrainingRuntime, or %s" $fix) }}
+{{- end }}
+{{- if ne (int $v.masterPort) 23456 }}
+{{- fail (printf "masterPort: Trainer v2 always rendezvouses on port 29500 (PET_MASTER_PORT); %s" $fix) }}
+{{- end }}
+{{- if eq (int $v.metrics.port) 29500 }}
+{{- fail "metrics.port: 29500 is Trainer v2's rendezvous port (PET_MASTER_PORT); pick another metrics port" }}
+{{- end }}
+{{- if ne $v.runPolicy.cleanPodPolicy "Running" }}
+{{- fail (printf "runPolicy.cleanPodPolicy: a TrainJob has no cleanPodPolicy; %s" $fix) }}
+{{- end }}
+{{- if not (kindIs "invalid" $v.runPolicy.ttlSecondsAfterFinished) }}
+{{- fail (printf "runPolicy.ttlSecondsAfterFinished: a TrainJob has no TTL (it stays until deleted); %s" $fix) }}
+{{- end }}
+{{- if eq $v.restartPolicy "ExitCode" }}
+{{- fail "restartPolicy: ExitCode is a training-operator policy; a TrainJob's pods (batch Jobs) take OnFailure or Never" }}
+{{- end }}
+{{- range $v.env }}
+{{- if has .name (list "PET_NNODES" "PET_NPROC_PER_NODE" "PET_NODE_RANK" "PET_MASTER_ADDR" "PET_MASTER_PORT") }}
+{{- fail (printf "env: %s is set by the Trainer v2 controller, which rejects a TrainJob that sets it; remove it from env" .name) }}
+{{- end }}
+{{- end }}
+{{- if $v.trainJob.createRuntime }}
+{{- if or (ne $v.trainJob.runtimeRef.kind "ClusterTrainingRuntime") (ne $v.trainJob.runtimeRef.name "torch-distributed") }}
+{{- fail "trainJob.runtimeRef: with trainJob.createRuntime=true the TrainJob references the chart's own TrainingRuntime; leave trainJob.runtimeRef at its default" }}
+{{- end }}
+{{- else }}
+{{- $patchFix := "a TrainJob's runtimePatches cannot set it, so the referenced runtime decides; set trainJob.createRuntime=true (the chart renders a TrainingRuntime with it) or leave it at its default" }}
+{{- range $key := list "priorityClassName" "runtimeClassName" "schedulerName" }}
+{{- if index $v $key }}
+{{- fail (printf "%s: %s" $key $patchFix) }}
+{{- end }}
+{{- end }}
+{{- if $v.envFrom }}
+{{- fail (printf "envFrom: %s" $patchFix) }}
+{{- end }}
+{{- if ne $v.image.pullPolicy "IfNotPresent" }}
+{{- fail (printf "image.pullPolicy: %s" $patchFix) }}
+{{- end }}
+{{- if ne $v.restartPolicy "OnFailure" }}
+{{- fail (printf "restartPolicy: %s (JobSet defaults it to OnFailure)" $patchFix) }}
+{{- end }}
+{{- if ne (int $v.runPolicy.backoffLimit) 3 }}
+{{- fail (printf "runPolicy.backoffLimit: %s" $patchFix) }}
+{{- end }}
+{{- if and (not $v.serviceAccount.create) (not $v.serviceAccount.automountServiceAccountToken) }}
+{{- fail (printf "serviceAccount.automountServiceAccountToken: with serviceAccount.create=false the existing ServiceAccount's setting applies; %s, or set it to true to accept that" $patchFix) }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -1,29 +1,206 @@
 {{/*
-Pod template of one replica type: include "ddp-trainer.podTemplate" (dict "root" $ "replicaType" "master")
+The pod of one node, in pieces: the PyTorchJob's replica templates use them all (podTemplate);
+a TrainJob (trainjob.yaml) puts the container's image, command, env and resources into
+spec.trainer and the rest into a runtime patch, or into the TrainingRuntime the chart renders.
+*/}}
+
+{{/*
+Pod labels: the chart's selector labels (PodMonitor, NetworkPolicy) and podLabels.
+include "ddp-trainer.podLabels" (dict "root" $ "component" "master")
+*/}}
+{{- define "ddp-trainer.podLabels" -}}
+{{ include "ddp-trainer.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/part-of: ddp-trainer
+{{- with .root.Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "ddp-trainer.podAnnotations" -}}
+{{- $v := .Values -}}
+kubectl.kubernetes.io/default-container: {{ include "ddp-trainer.containerName" . }}
+{{- if $v.metrics.scrapeAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ $v.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- with $v.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Tolerations (a YAML list; empty when there are none).
+*/}}
+{{- define "ddp-trainer.tolerations" -}}
+{{- $v := .Values }}
+{{- $tolerations := list }}
+{{- if and $v.gpuToleration (gt (int $v.gpusPerReplica) 0) }}
+{{- $tolerations = append $tolerations (dict "key" $v.gpuResourceName "operator" "Exists" "effect" "NoSchedule") }}
+{{- end }}
+{{- $tolerations = concat $tolerations $v.tolerations }}
+{{- with $tolerations }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The trainer command's arguments. Under Trainer v2 the controller runs no launcher and sets only
+torchrun's PET_* variables, so every node runs `ddp-trainer run` (kubeflow/trainer v2.3.0
+pkg/runtime/framework/plugins/torch/torch.go:145-166).
+*/}}
+{{- define "ddp-trainer.args" -}}
+{{- $v := .Values }}
+{{- if or (include "ddp-trainer.useLauncher" .) (include "ddp-trainer.isTrainJob" .) }}
+- run
+- --nproc-per-node
+- {{ include "ddp-trainer.nprocPerNode" . | quote }}
+{{- if $v.elastic.enabled }}
+- --max-restarts
+- {{ $v.elastic.maxRestarts | quote }}
+{{- end }}
+{{- else }}
+- train
+{{- end }}
+- --config
+- /etc/ddp-trainer/config.yaml
+{{- range $v.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "ddp-trainer.env" -}}
+- name: HOME
+  value: /tmp
+- name: XDG_CACHE_HOME
+  value: /tmp/.cache
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- with .Values.env }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Container resources: CPU/memory from resources, GPUs from gpusPerReplica, RDMA devices.
+*/}}
+{{- define "ddp-trainer.resources" -}}
+{{- $v := .Values }}
+{{- $gpus := int $v.gpusPerReplica }}
+{{- $requests := deepCopy (default dict $v.resources.requests) }}
+{{- $limits := deepCopy (default dict $v.resources.limits) }}
+{{- if gt $gpus 0 }}
+{{- $_ := set $limits $v.gpuResourceName $gpus }}
+{{- end }}
+{{- if $v.rdma.enabled }}
+{{- range $name, $count := $v.rdma.resources }}
+{{- $_ := set $limits $name $count }}
+{{- end }}
+{{- end }}
+{{- with $requests }}
+requests:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $limits }}
+limits:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "ddp-trainer.securityContext" -}}
+{{- $v := .Values }}
+{{- $sc := deepCopy (default dict $v.securityContext) }}
+{{- if $v.rdma.enabled }}
+{{- $caps := deepCopy (default dict $sc.capabilities) }}
+{{- $_ := set $caps "add" (uniq (concat (default list $caps.add) (list "IPC_LOCK"))) }}
+{{- $_ = set $sc "capabilities" $caps }}
+{{- end }}
+{{- with $sc }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "ddp-trainer.volumeMounts" -}}
+{{- $v := .Values -}}
+- name: config
+  mountPath: /etc/ddp-trainer
+  readOnly: true
+- name: dshm
+  mountPath: /dev/shm
+- name: tmp
+  mountPath: /tmp
+{{- if include "ddp-trainer.claimName" (list . "data") }}
+- name: data
+  mountPath: /data
+  readOnly: {{ $v.persistence.data.readOnly }}
+{{- end }}
+- name: checkpoints
+  mountPath: /checkpoints
+- name: outputs
+  mountPath: /outputs
+{{- with $v.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "ddp-trainer.volumes" -}}
+{{- $root := . }}
+{{- $v := .Values -}}
+- name: config
+  configMap:
+    name: {{ include "ddp-trainer.fullname" $root }}-config
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ $v.shm.sizeLimit }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ $v.tmp.sizeLimit }}
+{{- with include "ddp-trainer.claimName" (list $root "data") }}
+- name: data
+  persistentVolumeClaim:
+    claimName: {{ . }}
+    readOnly: {{ $v.persistence.data.readOnly }}
+{{- end }}
+{{- range $key := list "checkpoints" "outputs" }}
+- name: {{ $key }}
+  {{- with include "ddp-trainer.claimName" (list $root $key) }}
+  persistentVolumeClaim:
+    claimName: {{ . }}
+  {{- else }}
+  emptyDir:
+    sizeLimit: {{ (index $v.persistence $key).emptyDirSizeLimit }}
+  {{- end }}
+{{- end }}
+{{- with $v.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The whole pod template of one node: include "ddp-trainer.podTemplate" (dict "root" $ "replicaType" "master")
+A PyTorchJob replica (container `pytorch`, port `pytorchjob-port`) or, under Trainer v2, the
+`node` pod of the chart's TrainingRuntime (container `node`; the controller adds port 29500).
 */}}
 {{- define "ddp-trainer.podTemplate" -}}
 {{- $root := .root }}
-{{- $v := $root.Values }}
-{{- $gpus := int $v.gpusPerReplica -}}
+{{- $v := $root.Values -}}
 metadata:
   labels:
-    {{- include "ddp-trainer.selectorLabels" $root | nindent 4 }}
-    app.kubernetes.io/component: {{ .replicaType }}
-    app.kubernetes.io/part-of: ddp-trainer
-    {{- with $v.podLabels }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
+    {{- include "ddp-trainer.podLabels" (dict "root" $root "component" .replicaType) | nindent 4 }}
   annotations:
-    kubectl.kubernetes.io/default-container: pytorch
-    {{- if $v.metrics.scrapeAnnotations }}
-    prometheus.io/scrape: "true"
-    prometheus.io/port: {{ $v.metrics.port | quote }}
-    prometheus.io/path: /metrics
-    {{- end }}
-    {{- with $v.podAnnotations }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
+    {{- include "ddp-trainer.podAnnotations" $root | nindent 4 }}
 spec:
+  {{- if include "ddp-trainer.isTrainJob" $root }}
+  restartPolicy: {{ $v.restartPolicy }}
+  {{- end }}
   serviceAccountName: {{ include "ddp-trainer.serviceAccountName" $root }}
   automountServiceAccountToken: {{ $v.serviceAccount.automountServiceAccountToken }}
   enableServiceLinks: false
@@ -53,141 +230,42 @@ spec:
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- $tolerations := list }}
-  {{- if and $v.gpuToleration (gt $gpus 0) }}
-  {{- $tolerations = append $tolerations (dict "key" $v.gpuResourceName "operator" "Exists" "effect" "NoSchedule") }}
-  {{- end }}
-  {{- $tolerations = concat $tolerations $v.tolerations }}
-  {{- with $tolerations }}
+  {{- with (include "ddp-trainer.tolerations" $root | trim) }}
   tolerations:
-    {{- toYaml . | nindent 4 }}
+    {{- . | nindent 4 }}
   {{- end }}
   containers:
-    - name: pytorch
+    - name: {{ include "ddp-trainer.containerName" $root }}
       image: {{ include "ddp-trainer.image" $root | quote }}
       imagePullPolicy: {{ $v.image.pullPolicy }}
       command: ["ddp-trainer"]
       args:
-        {{- if include "ddp-trainer.useLauncher" $root }}
-        - run
-        - --nproc-per-node
-        - {{ include "ddp-trainer.nprocPerNode" $root | quote }}
-        {{- if $v.elastic.enabled }}
-        - --max-restarts
-        - {{ $v.elastic.maxRestarts | quote }}
-        {{- end }}
-        {{- else }}
-        - train
-        {{- end }}
-        - --config
-        - /etc/ddp-trainer/config.yaml
-        {{- range $v.extraArgs }}
-        - {{ . | quote }}
-        {{- end }}
+        {{- include "ddp-trainer.args" $root | trim | nindent 8 }}
       ports:
+        {{- if not (include "ddp-trainer.isTrainJob" $root) }}
         - name: pytorchjob-port
           containerPort: {{ $v.masterPort }}
           protocol: TCP
+        {{- end }}
         - name: metrics
           containerPort: {{ $v.metrics.port }}
           protocol: TCP
       env:
-        - name: HOME
-          value: /tmp
-        - name: XDG_CACHE_HOME
-          value: /tmp/.cache
-        - name: POD_NAME
-          valueFrom:
-            fieldRef:
-              fieldPath: metadata.name
-        - name: POD_NAMESPACE
-          valueFrom:
-            fieldRef:
-              fieldPath: metadata.namespace
-        {{- with $v.env }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
+        {{- include "ddp-trainer.env" $root | nindent 8 }}
       {{- with $v.envFrom }}
       envFrom:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- with (include "ddp-trainer.resources" $root | trim) }}
       resources:
-        {{- $requests := deepCopy (default dict $v.resources.requests) }}
-        {{- $limits := deepCopy (default dict $v.resources.limits) }}
-        {{- if gt $gpus 0 }}
-        {{- $_ := set $limits $v.gpuResourceName $gpus }}
-        {{- end }}
-        {{- if $v.rdma.enabled }}
-        {{- range $name, $count := $v.rdma.resources }}
-        {{- $_ := set $limits $name $count }}
-        {{- end }}
-        {{- end }}
-        {{- with $requests }}
-        requests:
-          {{- toYaml . | nindent 10 }}
-        {{- end }}
-        {{- with $limits }}
-        limits:
-          {{- toYaml . | nindent 10 }}
-        {{- end }}
-      {{- $sc := deepCopy (default dict $v.securityContext) }}
-      {{- if $v.rdma.enabled }}
-      {{- $caps := deepCopy (default dict $sc.capabilities) }}
-      {{- $_ := set $caps "add" (uniq (concat (default list $caps.add) (list "IPC_LOCK"))) }}
-      {{- $_ = set $sc "capabilities" $caps }}
+        {{- . | nindent 8 }}
       {{- end }}
-      {{- with $sc }}
+      {{- with (include "ddp-trainer.securityContext" $root | trim) }}
       securityContext:
-        {{- toYaml . | nindent 8 }}
+        {{- . | nindent 8 }}
       {{- end }}
       volumeMounts:
-        - name: config
-          mountPath: /etc/ddp-trainer
-          readOnly: true
-        - name: dshm
-          mountPath: /dev/shm
-        - name: tmp
-          mountPath: /tmp
-        {{- if include "ddp-trainer.claimName" (list $root "data") }}
-        - name: data
-          mountPath: /data
-          readOnly: {{ $v.persistence.data.readOnly }}
-        {{- end }}
-        - name: checkpoints
-          mountPath: /checkpoints
-        - name: outputs
-          mountPath: /outputs
-        {{- with $v.extraVolumeMounts }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
+        {{- include "ddp-trainer.volumeMounts" $root | nindent 8 }}
   volumes:
-    - name: config
-      configMap:
-        name: {{ include "ddp-trainer.fullname" $root }}-config
-    - name: dshm
-      emptyDir:
-        medium: Memory
-        sizeLimit: {{ $v.shm.sizeLimit }}
-    - name: tmp
-      emptyDir:
-        sizeLimit: {{ $v.tmp.sizeLimit }}
-    {{- with include "ddp-trainer.claimName" (list $root "data") }}
-    - name: data
-      persistentVolumeClaim:
-        claimName: {{ . }}
-        readOnly: {{ $v.persistence.data.readOnly }}
-    {{- end }}
-    {{- range $key := list "checkpoints" "outputs" }}
-    - name: {{ $key }}
-      {{- with include "ddp-trainer.claimName" (list $root $key) }}
-      persistentVolumeClaim:
-        claimName: {{ . }}
-      {{- else }}
-      emptyDir:
-        sizeLimit: {{ (index $v.persistence $key).emptyDirSizeLimit }}
-      {{- end }}
-    {{- end }}
-    {{- with $v.extraVolumes }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
+    {{- include "ddp-trainer.volumes" $root | nindent 4 }}
 {{- end }}
