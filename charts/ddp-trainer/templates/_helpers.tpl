@@ -123,7 +123,31 @@ The trainer config file: trainerConfig with the paths and the metrics port the p
 {{- $_ = set $cfg.output "dir" "/outputs" }}
 {{- $_ = set $cfg "metrics" (default dict $cfg.metrics) }}
 {{- $_ = set $cfg.metrics "port" (int .Values.metrics.port) }}
+{{- /* Final values stay up for two scrapes; a stop is acted on well within the grace period. */}}
+{{- if not (hasKey $cfg.metrics "linger_seconds") }}
+{{- $_ = set $cfg.metrics "linger_seconds" (mul 2 (include "ddp-trainer.seconds" .Values.metrics.podMonitor.interval | int)) }}
+{{- end }}
+{{- $_ = set $cfg "train" (default dict $cfg.train) }}
+{{- if not (hasKey $cfg.train "stop_check_seconds") }}
+{{- $_ = set $cfg.train "stop_check_seconds" (max 1 (min 15 (div (int .Values.terminationGracePeriodSeconds) 4))) }}
+{{- end }}
 {{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+Seconds of a Prometheus duration ("30s", "1m", "1h30m"; the schema checks its form), rounded
+down; milliseconds are dropped.
+*/}}
+{{- define "ddp-trainer.seconds" -}}
+{{- $total := 0 }}
+{{- $units := dict "y" 31536000 "w" 604800 "d" 86400 "h" 3600 "m" 60 "s" 1 }}
+{{- range $part := regexFindAll "[0-9]+(ms|[ywdhms])" . -1 }}
+{{- if not (hasSuffix "ms" $part) }}
+{{- $unit := regexFind "[ywdhms]$" $part }}
+{{- $total = add $total (mul (trimSuffix $unit $part | int) (get $units $unit)) }}
+{{- end }}
+{{- end }}
+{{- $total }}
 {{- end }}
 
 {{/*
