@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torch.utils.data.distributed import DistributedSampler
 
 from trainer.config import JobConfig
-from trainer.data import EpochIndices, IndexView
+from trainer.data import EpochIndices, IndexView, fetch
 from trainer.distributed import DistContext
 from trainer.errors import TrainerError
 from trainer.sampling import BatchedSampler, DistributedEvalSampler, DistributedShuffleSampler
@@ -114,21 +114,22 @@ class _Failed:
 
 
 class _Batches(Dataset[Any]):
-    """What the loader fetches from: the view's collated batches (the view's own
-    ``__getitems__``), with errors from workers carried back as :class:`_Failed`."""
+    """What the loader fetches from: the view's collated batches (:func:`fetch`: an
+    IndexView's own ``batch``, or any map-style dataset's), with errors from workers carried
+    back as :class:`_Failed`."""
 
-    def __init__(self, view: IndexView) -> None:
+    def __init__(self, view: Dataset[Any]) -> None:
         self.view = view
 
     def __len__(self) -> int:
-        return len(self.view)
+        return len(self.view)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
         return self.view[index]
 
     def __getitems__(self, indices: list[int]) -> Any:
         try:
-            return self.view.batch(indices)
+            return fetch(self.view, indices)
         except TrainerError as err:
             if get_worker_info() is None:
                 raise
