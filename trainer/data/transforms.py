@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from torch import Tensor
+from torch.utils.data import get_worker_info
 
 from trainer.errors import DataError
 
@@ -109,14 +110,33 @@ class ImageTransform:
         return arr
 
     def to_tensor(self, images: list[npt.NDArray[np.uint8]]) -> Tensor:
-        """N x 3 x size x size float32, ``(pixel / 255 - mean) / std`` per channel, in one
-        pass over the batch."""
-        hwc = torch.from_numpy(np.stack(images))
-        out = torch.empty((len(images), 3, self.size, self.size), dtype=torch.float32)
-        out.copy_(hwc.permute(0, 3, 1, 2))
+        """N x 3 x size x size float32, ``(pixel / 255 - mean) / std`` per channel.
+
+        Channel-first uint8 first (one strided byte copy per image), then one conversion and
+        two in-place passes over the float batch: ~0.5 ms an image at 224 px, against ~1 ms for
+        a float copy from the permuted uint8 view.
+        """
+        chw = np.empty((len(images), 3, self.size, self.size), dtype=np.uint8)
+        for i, image in enumerate(images):
+            chw[i] = image.transpose(2, 0, 1)
+        out = _batch_tensor(chw.shape)
+        out.copy_(torch.from_numpy(chw))
         std = torch.tensor(self.std, dtype=torch.float32).view(1, 3, 1, 1)
         mean = torch.tensor(self.mean, dtype=torch.float32).view(1, 3, 1, 1)
         return out.mul_(1.0 / (255.0 * std)).sub_(mean / std)
+
+
+def _batch_tensor(shape: tuple[int, ...]) -> Tensor:
+    """An uninitialised float32 batch; in a DataLoader worker, allocated in shared memory as
+    torch's own ``default_collate`` does it (the same internal call), so the batch reaches the
+    training process without being copied there: moving a 64 x 3 x 224 x 224 batch into
+    shared memory afterwards costs ~40 ms, as much as decoding a fifth of it."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.float32)
+    like = torch.empty(0, dtype=torch.float32)
+    storage = like._typed_storage()._new_shared(  # type: ignore[no-untyped-call]
+        math.prod(shape), device=like.device)
+    return like.new(storage).resize_(shape)
 
 
 def _decode(img: PILImage, box: Box, size: int) -> PILImage:
