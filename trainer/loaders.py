@@ -109,7 +109,8 @@ class _Failed:
 
     def error(self) -> TrainerError:
         err = self.kind(self.problem, self.fix)
-        err.add_note(f"raised in a DataLoader worker:\n{self.trace}")
+        if hasattr(err, "add_note"):  # Python >= 3.11; shown by --debug
+            err.add_note(f"raised in a DataLoader worker:\n{self.trace}")
         return err
 
 

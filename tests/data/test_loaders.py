@@ -3,6 +3,7 @@ errors from workers raised as themselves."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -90,7 +91,8 @@ def test_a_trainer_error_in_a_worker_is_raised_as_itself(error: type) -> None:
     with pytest.raises(error) as info:
         _batches(0, workers=2, world=1, fail_at=3, error=error)
     assert info.value.problem == "sample 3 is bad" and info.value.fix == "fix sample"
-    assert "raised in a DataLoader worker" in "".join(info.value.__notes__)
+    if sys.version_info >= (3, 11):  # exception notes; --debug shows the worker's traceback
+        assert "raised in a DataLoader worker" in "".join(info.value.__notes__)
 
 
 def test_other_errors_in_a_worker_keep_torchs_report() -> None:
