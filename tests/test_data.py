@@ -48,27 +48,6 @@ def test_npz_file_loads(tmp_path: Path) -> None:
     assert s.num_classes == 3 and s.sample_shape == (3,) and s.name == "d"
 
 
-def test_csv_file_loads_with_configured_label_column(tmp_path: Path) -> None:
-    p = tmp_path / "d.csv"
-    rows = "\n".join(f"{i * 0.5},{i % 2},{i}" for i in range(20))
-    p.write_text("a,target,b\n" + rows + "\n")
-    s = build_splits(DataConfig(dataset=str(p), label_column="target"), seed=0)
-    assert s.num_classes == 2 and s.sample_shape == (2,)
-
-
-@pytest.mark.parametrize(("content", "message"), [
-    ("x,y\n", "no column 'label'"),
-    ("a,label\n1,2\n3\n", "has 1 fields"),
-    ("a,label\nfoo,1\n", "non-numeric"),
-    ("", "is empty"),
-])
-def test_bad_csv_is_a_clear_error(tmp_path: Path, content: str, message: str) -> None:
-    p = tmp_path / "d.csv"
-    p.write_text(content)
-    with pytest.raises(DataError, match=message):
-        build_splits(DataConfig(dataset=str(p)), seed=0)
-
-
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         build_splits(DataConfig(dataset=str(tmp_path / "none.npz")), seed=0)

@@ -24,6 +24,7 @@ from trainer.errors import ConfigError
 from trainer.plugins import is_import_path
 
 DATASET_NAMES = ("digits", "synthetic")
+DATA_FORMATS = ("auto", "npy", "images", "arrow", "parquet", "csv", "npz")
 MODEL_NAMES = ("mymodel", "mlp", "cnn")
 STEP_NAMES = ("classification",)
 OPTIMIZERS = ("sgd", "adamw", "adam")
@@ -39,18 +40,37 @@ DEVICES = ("auto", "cpu", "cuda")
 class DataConfig:
     dataset: str = "digits"
     """`digits` (scikit-learn's bundled 8x8 digits, no download), `synthetic` (the seed's
-    random tensors), a path to a `.npz` (arrays `x`, `y`) or `.csv` file, or an import path
+    random tensors), a path (a `.npz`, `.csv` or `.parquet` file, or a directory: x.npy +
+    y.npy, image class folders, a `save_to_disk` directory, Parquet files, or `train/` +
+    `val/` splits of one of these; see README 'Your data'), or an import path
     `package.module:callable` returning a map-style Dataset or a (train, val) pair of them."""
+    format: str = "auto"
+    """What a `dataset` path holds: `auto` (detected from the files, and logged), `npy`,
+    `images`, `arrow` (save_to_disk), `parquet`, `csv` or `npz`."""
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of an import-path dataset callable (free-form)."""
     num_classes: int = 0
-    """Number of classes; 0 infers max(label) + 1. A label outside [0, num_classes) is an
-    error."""
+    """Number of classes; 0 infers max(label) + 1 (image folders: the number of class
+    folders). A label outside [0, num_classes) is an error."""
     label_column: str = "label"
-    """Name of the label column in a `.csv` dataset; every other column is a feature."""
+    """Name of the label column (integer class indices) of a CSV, Parquet or Arrow table."""
+    feature_columns: list[str] = field(default_factory=list)
+    """Feature columns of a table: numeric scalars, or one column of equal-length (nested)
+    lists of numbers; empty: every column but the label column."""
     val_fraction: float = 0.2
     """Fraction of the dataset held out for validation (0 <= f < 1), split deterministically
-    from `train.seed`."""
+    from `train.seed`; unused when the data has its own `train/` and `val/` splits."""
+    image_size: int = 224
+    """Side of the square images fed to the model: random resized crop for training,
+    resize + center crop (of `image_size / 0.875`) for validation."""
+    image_mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
+    """Per-channel (RGB) mean subtracted from images scaled to [0, 1] (ImageNet's)."""
+    image_std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    """Per-channel (RGB) standard deviation images are divided by (ImageNet's)."""
+    cache_dir: str = ""
+    """Where Parquet files are converted once into a memory-mapped Arrow file (empty: the
+    Hugging Face datasets cache, `$HF_DATASETS_CACHE` or ~/.cache/huggingface/datasets); it
+    needs room for the selected columns."""
     synthetic_samples: int = 1200
     """Number of samples of the `synthetic` dataset."""
     synthetic_features: int = 10
@@ -59,7 +79,13 @@ class DataConfig:
     """Classes of the `synthetic` dataset (the seed uses 10)."""
     num_workers: int = 0
     """DataLoader worker processes per rank; 0 loads in the training process, which is
-    fastest for in-memory tensors."""
+    fastest for in-memory tensors; images need workers (about one per core a rank can
+    spare)."""
+    prefetch_factor: int = 2
+    """Batches each worker prepares ahead (with `num_workers` > 0)."""
+    persistent_workers: bool = True
+    """Keep the workers between epochs (with `num_workers` > 0) instead of restarting them
+    and re-opening the data every epoch."""
 
 
 @dataclass
@@ -350,6 +376,14 @@ def validate(cfg: JobConfig) -> None:
     _require(d.synthetic_classes >= 2, "data.synthetic_classes", "must be >= 2", "use 2 or more")
     _require(d.num_classes >= 0, "data.num_classes", "must be >= 0", "use 0 to infer it")
     _require(d.num_workers >= 0, "data.num_workers", "must be >= 0", "use 0 or more")
+    _require(d.prefetch_factor >= 1, "data.prefetch_factor", "must be >= 1", "use e.g. 2")
+    _require(d.format in DATA_FORMATS, "data.format", f"unknown format {d.format!r}",
+             f"use one of {', '.join(DATA_FORMATS)}")
+    _require(d.image_size >= 8, "data.image_size", f"{d.image_size} < 8", "use e.g. 224")
+    _require(len(d.image_mean) == 3, "data.image_mean", "needs 3 values (R, G, B)",
+             "e.g. [0.485, 0.456, 0.406]")
+    _require(len(d.image_std) == 3 and min(d.image_std) > 0, "data.image_std",
+             "needs 3 values > 0 (R, G, B)", "e.g. [0.229, 0.224, 0.225]")
     _require(m.name in MODEL_NAMES or is_import_path(m.name), "model.name",
              f"unknown model {m.name!r}",
              f"use one of {', '.join(MODEL_NAMES)} or an import path package.module:callable")

@@ -1,4 +1,6 @@
-"""The built-in in-memory datasets: digits, synthetic, `.npz` and `.csv` files.
+"""The built-in in-memory datasets: digits, synthetic and `.npz` files (a `.npz` is a zip
+archive, which cannot be memory-mapped: store large arrays as x.npy/y.npy, see
+:mod:`trainer.data.arrays`).
 
 Each is a factory returning an :class:`InMemoryDataset` that knows its ``num_classes`` and
 ``sample_shape``; :mod:`trainer.data.source` resolves names to these factories exactly as it
@@ -7,7 +9,6 @@ resolves a user's import path, so built-ins and user datasets take one code path
 
 from __future__ import annotations
 
-import csv
 import zipfile
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from trainer.data.checks import label_classes
 from trainer.errors import DataError
 
 
@@ -78,12 +80,6 @@ def npz_file(path: Path, num_classes: int = 0) -> InMemoryDataset:
     return checked(x, y, num_classes, f"dataset {path}")
 
 
-def csv_file(path: Path, label_column: str, num_classes: int = 0) -> InMemoryDataset:
-    """A ``.csv`` file with a header; `label_column` holds the labels, the rest features."""
-    x, y = _csv(path, label_column)
-    return checked(x, y, num_classes, f"dataset {path}")
-
-
 def _npz(path: Path) -> tuple[Tensor, Tensor]:
     try:
         with np.load(path, allow_pickle=False) as arrays:
@@ -103,37 +99,6 @@ def _npz(path: Path) -> tuple[Tensor, Tensor]:
     return torch.as_tensor(x_np, dtype=torch.float32), torch.as_tensor(y_np, dtype=torch.long)
 
 
-def _csv(path: Path, label_column: str) -> tuple[Tensor, Tensor]:
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            reader = csv.reader(fh)
-            header = next(reader, None)
-            if header is None:
-                raise DataError(f"{path} is empty", "write a header line and one row per sample")
-            if label_column not in header:
-                raise DataError(f"{path} has no column {label_column!r} (columns: {header})",
-                                "set data.label_column to the label column's name")
-            li = header.index(label_column)
-            feats: list[list[float]] = []
-            labels: list[int] = []
-            for lineno, row in enumerate(reader, start=2):
-                if len(row) != len(header):
-                    raise DataError(f"{path}:{lineno} has {len(row)} fields, header has "
-                                    f"{len(header)}", "make every row match the header")
-                try:
-                    labels.append(int(row[li]))
-                    feats.append([float(v) for i, v in enumerate(row) if i != li])
-                except ValueError:
-                    raise DataError(f"{path}:{lineno} has a non-numeric value",
-                                    "use integer labels and numeric features") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path} is not a readable CSV file ({exc})",
-                        "check the path and that it is UTF-8 text") from None
-    if not labels:
-        raise DataError(f"{path} has a header but no rows", "add one row per sample")
-    return torch.tensor(feats, dtype=torch.float32), torch.tensor(labels, dtype=torch.long)
-
-
 def checked(x: Tensor, y: Tensor, num_classes: int, where: str) -> InMemoryDataset:
     """The dataset of `x`, `y` after :func:`check_arrays`."""
     return InMemoryDataset(x, y, check_arrays(x, y, num_classes, where))
@@ -145,17 +110,7 @@ def check_arrays(x: Tensor, y: Tensor, num_classes: int, where: str) -> int:
     if len(x) != len(y):
         raise DataError(f"{where}: {len(x)} feature rows but {len(y)} labels",
                         "give one label per sample")
-    if len(y) < 2:
-        raise DataError(f"{where}: needs at least 2 samples, has {len(y)}", "add samples")
     if not torch.isfinite(x).all():
         raise DataError(f"{where}: features contain NaN or Inf", "clean or impute the features")
-    lo, hi = int(y.min()), int(y.max())
-    classes = num_classes or hi + 1
-    if lo < 0 or hi >= classes:
-        raise DataError(f"{where}: label {lo if lo < 0 else hi} is out of range [0, {classes})",
-                        "labels must be class indices 0..C-1 (set data.num_classes to C)")
-    if classes < 2:
-        raise DataError(f"{where}: only one class present", "a classifier needs >= 2 classes")
-    return classes
-
-
+    lo, hi = (int(y.min()), int(y.max())) if len(y) else (0, 0)
+    return label_classes(lo, hi, len(y), num_classes, where)

@@ -1,32 +1,34 @@
 """From `data.dataset` to the train/validation splits every rank trains on.
 
-A name resolves to a factory — a built-in (``digits``, ``synthetic``), a file path, or a user
-callable ``package.module:callable`` called with ``data.options`` — and the factory returns a
-map-style Dataset or a ``(train, val)`` pair. A single dataset is split by a seeded
-permutation of its indices (the seed article's ``SubsetRandomSampler`` idea made
-distributed): identical on every rank with no communication, and nothing is copied.
+A name resolves to a factory — a built-in (``digits``, ``synthetic``), a path (a file or a
+directory, whose layout :mod:`trainer.data.layout` detects), or a user callable
+``package.module:callable`` called with ``data.options`` — and the factory returns a map-style
+Dataset or a ``(train, val)`` pair. A single dataset is split by a seeded permutation of its
+indices (the seed article's ``SubsetRandomSampler`` idea made distributed, see
+:mod:`trainer.data.splits`): identical on every rank with no communication, and nothing is
+copied.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from torch import Tensor
-
 from trainer import plugins
 from trainer.config import DATASET_NAMES, DataConfig
-from trainer.data import memory
+from trainer.data import layout, memory
+from trainer.data.splits import split, split_indices
 from trainer.data.views import IndexView, first_sample_shape, require_map_style
 from trainer.errors import DataError
 
-FILE_SUFFIXES = (".npz", ".csv")
+__all__ = ["DataSplits", "build_splits", "resolve", "split_indices"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,45 +55,31 @@ def _builtins(cfg: DataConfig, seed: int) -> dict[str, Callable[..., Any]]:
     }
 
 
-def _file_factory(cfg: DataConfig) -> Callable[..., Any]:
-    path = Path(cfg.dataset)
-    if path.suffix not in FILE_SUFFIXES:
-        raise DataError(f"data.dataset: {cfg.dataset!r} is neither a built-in, a known file "
-                        "type nor an import path",
-                        f"use one of {', '.join(DATASET_NAMES)}, a .npz/.csv path or "
-                        "package.module:callable")
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist", "pass an existing .npz or .csv path")
-    if path.suffix == ".npz":
-        return functools.partial(memory.npz_file, path, num_classes=cfg.num_classes)
-    return functools.partial(memory.csv_file, path, cfg.label_column,
-                             num_classes=cfg.num_classes)
+def _file_factory(cfg: DataConfig, seed: int) -> Callable[..., Any]:
+    """Detect and check the layout at the path (headers, schemas, listings: no data read)."""
+    if not Path(cfg.dataset).exists() and not (os.sep in cfg.dataset
+                                               or Path(cfg.dataset).suffix):
+        raise DataError(f"data.dataset: {cfg.dataset!r} is neither a built-in, a path nor an "
+                        "import path", f"use one of {', '.join(DATASET_NAMES)}, a data path "
+                        "or package.module:callable")
+    found = layout.detect(Path(cfg.dataset), cfg)
+    log.info("data.dataset %s", found.summary())
+    return layout.factory(found, cfg, seed)
 
 
 def resolve(cfg: DataConfig, seed: int) -> tuple[Callable[..., Any], str]:
     """The dataset factory for `cfg.dataset` and a short name for it.
 
     Cheap: nothing is loaded (the launcher calls this to check the config before it starts
-    any rank); a user module is imported, a file's existence is checked.
+    any rank); a user module is imported, a path's layout is detected and its headers,
+    schemas or directory listing checked (:mod:`trainer.data.layout`).
     """
     builtins = _builtins(cfg, seed)
     if cfg.dataset in builtins:
         return builtins[cfg.dataset], cfg.dataset
     if plugins.is_import_path(cfg.dataset):
         return plugins.load(cfg.dataset, "data.dataset"), cfg.dataset.rpartition(":")[2]
-    return _file_factory(cfg), Path(cfg.dataset).stem
-
-
-def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """A seeded permutation cut into (train, val); identical on every rank."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_val = math.floor(n * val_fraction)
-    if val_fraction > 0 and n_val == 0:
-        n_val = 1
-    if n - n_val < 1:
-        raise DataError(f"val_fraction {val_fraction} leaves no training sample of {n}",
-                        "lower --val-fraction")
-    return perm[n_val:], perm[:n_val]
+    return _file_factory(cfg, seed), Path(cfg.dataset).stem
 
 
 def build_splits(cfg: DataConfig, seed: int, dataset: Any = None) -> DataSplits:
@@ -115,9 +103,8 @@ def build_splits(cfg: DataConfig, seed: int, dataset: Any = None) -> DataSplits:
         train, val, base = IndexView(train_set), IndexView(val_set), train_set
     else:
         require_map_style(dataset, where)
-        train_idx, val_idx = split_indices(len(dataset), cfg.val_fraction, seed)
-        train = IndexView(dataset, train_idx.numpy().astype(np.int64))
-        val = IndexView(dataset, val_idx.numpy().astype(np.int64))
+        train_idx, val_idx = split(len(dataset), cfg.val_fraction, seed)
+        train, val = IndexView(dataset, train_idx), IndexView(dataset, val_idx)
         base = dataset
     if len(train) == 0:
         raise DataError(f"{where} has no training samples", "give it at least one sample")

@@ -14,8 +14,8 @@ batch is made (:func:`fetch`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +23,35 @@ from torch.utils.data import Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from trainer.errors import DataError
+
+
+class EpochIndices(list[int]):
+    """A training batch's indices tagged with the epoch they were drawn for.
+
+    The training loader hands these to the dataset (plain lists everywhere else) so that
+    augmentation can derive its randomness from (seed, epoch, index): the same for a sample
+    whatever the number of DataLoader workers, and again after a resume.
+    """
+
+    def __init__(self, indices: Iterable[int], epoch: int) -> None:
+        super().__init__(indices)
+        self.epoch = epoch
+
+
+def epoch_of(indices: Sequence[int]) -> int | None:
+    """The epoch a batch of indices was drawn for (None: not a training batch)."""
+    return indices.epoch if isinstance(indices, EpochIndices) else None
+
+
+class Indices(Protocol):
+    """What an :class:`IndexView` needs of its index map: an int64 array, or a lazy one
+    (:class:`trainer.data.splits.PermutedRange`)."""
+
+    def __len__(self) -> int: ...
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]: ...
 
 
 def fetch(dataset: Any, indices: Any) -> Any:
@@ -47,10 +76,11 @@ def is_map_style(obj: Any) -> bool:
 class IndexView(Dataset[Any]):
     """Rows `indices` of `base` (all rows when None), in that order; nothing is copied.
 
-    Pickles as the base plus an int64 array, so DataLoader workers get it cheaply.
+    Pickles as the base plus its index map, so DataLoader workers get it cheaply. The epoch
+    tag of an :class:`EpochIndices` batch is kept when its indices are mapped to the base's.
     """
 
-    def __init__(self, base: Any, indices: npt.NDArray[np.int64] | None = None) -> None:
+    def __init__(self, base: Any, indices: Indices | None = None) -> None:
         self.base = base
         self.indices = indices
 
@@ -66,8 +96,11 @@ class IndexView(Dataset[Any]):
             return fetch(self.base, indices)
         mapped = self.indices[np.asarray(indices, dtype=np.int64)]
         # Datasets that say so take the int64 array as it is (no list round trip).
-        arrays = getattr(self.base, "takes_index_arrays", False)
-        return fetch(self.base, mapped if arrays else mapped.tolist())
+        if getattr(self.base, "takes_index_arrays", False):
+            return fetch(self.base, mapped)
+        epoch = epoch_of(indices)
+        listed = mapped.tolist()
+        return fetch(self.base, listed if epoch is None else EpochIndices(listed, epoch))
 
     # What the DataLoader calls; the result is final (the loader's collate passes it through).
     __getitems__ = batch

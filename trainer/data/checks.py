@@ -1,0 +1,69 @@
+"""Checks shared by every format: label ranges, finite features, bounded scans.
+
+Checks that need the data never load it whole: labels are scanned in chunks of
+:data:`LABEL_CHUNK` (labels are small next to features: 8 bytes a sample), features are
+checked on an evenly spaced sample of :data:`FEATURE_SAMPLE` rows before training and then in
+every batch as it is read, so a NaN deep in a 5 GB file still stops the run with its row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from trainer.errors import DataError
+
+LABEL_CHUNK = 1 << 20
+"""Labels read per chunk when scanning them (8 MiB of int64)."""
+FEATURE_SAMPLE = 4096
+"""Rows whose features are checked before training (then every batch is checked as read)."""
+
+
+def label_classes(lo: int, hi: int, n: int, num_classes: int, where: str) -> int:
+    """The number of classes (`num_classes`, or max label + 1 when 0) after checking that
+    labels ``lo..hi`` of `n` samples are class indices."""
+    if n < 2:
+        raise DataError(f"{where}: needs at least 2 samples, has {n}", "add samples")
+    classes = num_classes or hi + 1
+    if lo < 0 or hi >= classes:
+        raise DataError(f"{where}: label {lo if lo < 0 else hi} is out of range [0, {classes})",
+                        "labels must be class indices 0..C-1 (set data.num_classes to C)")
+    if classes < 2:
+        raise DataError(f"{where}: only one class present", "a classifier needs >= 2 classes")
+    return classes
+
+
+def label_range(n: int, read: Callable[[int, int], npt.NDArray[Any]]) -> tuple[int, int]:
+    """(min, max) of `n` labels, reading ``read(start, stop)`` one chunk at a time."""
+    lo, hi = None, None
+    for start in range(0, n, LABEL_CHUNK):
+        chunk = read(start, min(n, start + LABEL_CHUNK))
+        c_lo, c_hi = int(chunk.min()), int(chunk.max())
+        lo = c_lo if lo is None else min(lo, c_lo)
+        hi = c_hi if hi is None else max(hi, c_hi)
+    if lo is None or hi is None:
+        raise DataError("no labels to scan", "give the dataset at least 2 samples")
+    return lo, hi
+
+
+def sample_rows(n: int, k: int = FEATURE_SAMPLE) -> npt.NDArray[np.int64]:
+    """`k` evenly spaced row indices of `n` (all rows when n <= k), first and last included."""
+    if n <= k:
+        return np.arange(n, dtype=np.int64)
+    return np.unique(np.linspace(0, n - 1, k).astype(np.int64))
+
+
+def require_finite(x: npt.NDArray[Any], rows: npt.NDArray[np.int64] | list[int],
+                   where: str) -> None:
+    """Raise naming the first of `rows` (the dataset indices of `x`'s rows) that holds a NaN
+    or an infinity; integer features are finite by construction."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return
+    finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    if not finite.all():
+        row = int(np.asarray(rows)[int(np.argmin(finite))])
+        raise DataError(f"{where}: sample {row} has NaN or Inf features",
+                        "clean or impute the features")
