@@ -47,6 +47,7 @@ bench: venv
 	$(PY) benchmarks/bench_sampler.py
 	$(PY) benchmarks/bench_metrics.py
 	$(PY) benchmarks/bench_precision.py
+	$(PY) benchmarks/bench_data.py
 
 k8s: tools
 	bash tools/render-k8s.sh

@@ -30,7 +30,13 @@ from trainer.config import JobConfig
 from trainer.data import DataSplits, IndexView
 from trainer.distributed import DistContext
 from trainer.errors import ConfigError
-from trainer.loaders import TrainSampler, build_train_sampler, eval_loader, train_loader
+from trainer.loaders import (
+    TrainSampler,
+    build_train_sampler,
+    eval_loader,
+    train_loader,
+    worker_options,
+)
 from trainer.optim import Schedule, build_optimizer
 from trainer.precision import Precision
 from trainer.steps import StepFn
@@ -143,7 +149,8 @@ def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
 
 
 def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainParts:
-    t, d = cfg.train, cfg.data
+    t = cfg.train
+    workers = worker_options(cfg)
     model = workload.model.to(ctx.device)
     wrapped = wrap_model(model, t.strategy, ctx)
     if t.compile:
@@ -152,10 +159,10 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
         wrapped = torch.compile(wrapped)  # type: ignore[assignment]
     splits = workload.splits
     sampler = build_train_sampler(t.sampler, splits.train, ctx, t.seed)
-    val, val_valid = eval_loader(splits.val, t.batch_size, ctx, d.num_workers)
+    val, val_valid = eval_loader(splits.val, t.batch_size, ctx, workers)
 
     def make_train_loader(micro_batch: int) -> DataLoader[Any]:
-        return train_loader(splits.train, sampler, micro_batch, ctx, d.num_workers)
+        return train_loader(splits.train, sampler, micro_batch, ctx, workers)
 
     return TrainParts(
         model=model,

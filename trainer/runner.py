@@ -23,7 +23,7 @@ from trainer.config import JobConfig, merge, validate
 from trainer.distributed import DistContext, is_distributed, join, plan_context, teardown
 from trainer.errors import AgreedStop, CheckpointError, ConfigError, DataError, RankLost
 from trainer.evaluation import evaluate
-from trainer.loaders import eval_loader
+from trainer.loaders import eval_loader, worker_options
 from trainer.metrics import MetricsSink, RunInfo, build_metrics
 from trainer.precision import Precision
 from trainer.steps import StepFn
@@ -177,7 +177,7 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
         with collective("joining the process group", cfg.dist.timeout_seconds):
             ctx = join(ctx, cfg.dist)
         loader, num_valid = eval_loader(workload.splits.val, cfg.train.batch_size, ctx,
-                                        cfg.data.num_workers)
+                                        worker_options(cfg))
         with collective("the evaluation reduction", cfg.dist.timeout_seconds):
             _, result = evaluate(workload.model.to(ctx.device), workload.step, loader,
                                  num_valid, ctx)
