@@ -46,7 +46,7 @@ e2e: venv tools e2e-tools
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q tests/e2e tests/image/test_built_image.py
 
 lint: venv
-	$(VENV)/bin/ruff check trainer tests benchmarks
+	$(VENV)/bin/ruff check trainer tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --strict --explicit-package-bases tests/e2e/harness
 	$(VENV)/bin/hadolint Dockerfile

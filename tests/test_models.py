@@ -14,22 +14,22 @@ from trainer.models import MyModel, build_model
     ("mymodel", (10,)), ("mlp", (10,)), ("mlp", (1, 8, 8)), ("cnn", (1, 8, 8)), ("cnn", (8, 8)),
 ])
 def test_model_outputs_one_logit_per_class(name: str, shape: tuple[int, ...]) -> None:
-    model = build_model(ModelConfig(name=name, hidden_sizes=[16]), shape, 7, seed=0)
+    model = build_model(ModelConfig(name=name, hidden_sizes=[16]), 7, shape, seed=0)
     assert model(torch.randn(5, *shape)).shape == (5, 7)
 
 
 def test_mymodel_is_the_seed_two_linear_layers() -> None:
-    m = build_model(ModelConfig(name="mymodel", hidden_sizes=[20]), (10,), 10, seed=0)
+    m = build_model(ModelConfig(name="mymodel", hidden_sizes=[20]), 10, (10,), seed=0)
     assert isinstance(m, MyModel)
     assert (m.fc1.in_features, m.fc1.out_features, m.fc2.out_features) == (10, 20, 10)
 
 
 def test_same_seed_gives_identical_weights_on_every_rank() -> None:
-    a = build_model(ModelConfig(), (64,), 10, seed=5)
-    b = build_model(ModelConfig(), (64,), 10, seed=5)
+    a = build_model(ModelConfig(), 10, (64,), seed=5)
+    b = build_model(ModelConfig(), 10, (64,), seed=5)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 def test_cnn_on_vectors_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="image-shaped"):
-        build_model(ModelConfig(name="cnn"), (10,), 3, seed=0)
+        build_model(ModelConfig(name="cnn"), 3, (10,), seed=0)

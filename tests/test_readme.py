@@ -26,3 +26,14 @@ def test_every_config_field_is_documented() -> None:
 def test_every_config_flag_is_documented() -> None:
     for flag in CONFIG_FLAGS:
         assert f"`{flag}`" in README, flag
+
+
+def test_config_table_is_generated_from_the_config_docstrings() -> None:
+    import sys
+
+    sys.path.insert(0, str(REPO / "tools"))
+    from config_table import rows
+
+    start = README.index("| key | default | flag | meaning |")
+    table = README[start:README.index("\n\n", start)].splitlines()
+    assert table == rows(), "run .venv/bin/python tools/config_table.py and paste the table"

@@ -26,6 +26,7 @@ CONFIG_FLAGS: dict[str, tuple[str, str, type]] = {
     "--dataset": ("data", "dataset", str),
     "--val-fraction": ("data", "val_fraction", float),
     "--model": ("model", "name", str),
+    "--step": ("train", "step", str),
     "--lr": ("optim", "lr", float),
     "--epochs": ("train", "epochs", int),
     "--max-steps": ("train", "max_steps", int),
@@ -122,23 +123,53 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0
 
 
+# Flags the launcher itself reads when it runs a user script (the script reads its own).
+LAUNCHER_FLAGS = ("--metrics-port", "--metrics-bind-address", "--timeout")
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
-    from trainer.data import load_splits
+    from trainer.build import check_config
     from trainer.launch import launch
     from trainer.metrics import start_launcher_exporter
 
     cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
-    load_splits(cfg.data, cfg.train.seed)
+    if ns.script:
+        extra = [f for f in CONFIG_FLAGS if _flag_value(ns, f) is not None
+                 and f not in LAUNCHER_FLAGS] + (["--config"] if ns.config else []) + (
+                     ["--set"] if ns.set else [])
+        if extra:
+            raise TrainerError(f"run {ns.script}: {', '.join(extra)} would be ignored (a script "
+                               "builds its own config)",
+                               "pass them to your script after its name, or drop them; only "
+                               f"{', '.join(LAUNCHER_FLAGS)} are read by the launcher")
+        if not os.path.isfile(ns.script):
+            raise TrainerError(f"script {ns.script} does not exist",
+                               "pass the path of a Python file that calls trainer.fit()")
+        rank_argv = ["script", ns.script, *ns.script_args]
+    else:
+        check_config(cfg)  # import paths resolve, files exist; the ranks load the data
+        rank_argv = ["train", *forwarded_args(ns)]
     if ns.nproc_per_node < 1:
         raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
     if ns.max_restarts < 0:
         raise TrainerError(f"--max-restarts {ns.max_restarts} < 0", "use 0 or more")
     exporter = start_launcher_exporter(cfg.metrics, ns.nproc_per_node)
     try:
-        return launch(["train", *forwarded_args(ns)], ns.nproc_per_node, ns.max_restarts,
-                      cfg.dist.timeout_seconds, exporter.env, ns.debug)
+        return launch(rank_argv, ns.nproc_per_node, ns.max_restarts, cfg.dist.timeout_seconds,
+                      exporter.env, ns.debug)
     finally:
         exporter.close()
+
+
+def cmd_script(ns: argparse.Namespace) -> int:
+    """One rank of a user script (what `run SCRIPT` starts on every rank)."""
+    import runpy
+
+    script = os.path.abspath(ns.path)
+    sys.argv = [script, *ns.args]
+    sys.path.insert(0, os.path.dirname(script))  # as `python script.py` does
+    runpy.run_path(script, run_name="__main__")
+    return 0
 
 
 def cmd_evaluate(ns: argparse.Namespace) -> int:
@@ -179,7 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="restart all ranks up to K times after a rank fails; they resume from "
                         "the newest checkpoint (default 0)")
+    p.add_argument("script", nargs="?", default=None, metavar="SCRIPT.py",
+                   help="run this Python script on every rank instead of the built-in "
+                        "training (like torchrun); it calls trainer.fit()")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="arguments of the script")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("script")  # one rank of `run SCRIPT`; hidden from the help
+    p.add_argument("path")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    _add_common(p)
+    p.set_defaults(func=cmd_script)
 
     p = sub.add_parser("evaluate", help="exact validation accuracy of a checkpoint")
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="a ckpt-*.pt file")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,10 +21,12 @@ from typing import Any
 import yaml
 
 from trainer.errors import ConfigError
+from trainer.plugins import is_import_path
 
 DATASET_NAMES = ("digits", "synthetic")
-FILE_SUFFIXES = (".npz", ".csv")
 MODEL_NAMES = ("mymodel", "mlp", "cnn")
+STEP_NAMES = ("classification",)
+OPTIMIZERS = ("sgd", "adamw", "adam")
 STRATEGIES = ("ddp", "dp")
 SAMPLERS = ("shuffle", "torch")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -34,7 +37,10 @@ DEVICES = ("auto", "cpu", "cuda")
 class DataConfig:
     dataset: str = "digits"
     """`digits` (scikit-learn's bundled 8x8 digits, no download), `synthetic` (the seed's
-    random tensors), or a path to a `.npz` (arrays `x`, `y`) or `.csv` file."""
+    random tensors), a path to a `.npz` (arrays `x`, `y`) or `.csv` file, or an import path
+    `package.module:callable` returning a map-style Dataset or a (train, val) pair of them."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of an import-path dataset callable (free-form)."""
     num_classes: int = 0
     """Number of classes; 0 infers max(label) + 1. A label outside [0, num_classes) is an
     error."""
@@ -57,7 +63,12 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = "mlp"
-    """`mymodel` (the seed's Linear->Linear), `mlp`, or `cnn` (image-shaped data)."""
+    """`mymodel` (the seed's Linear->Linear), `mlp`, `cnn` (image-shaped data), or an import
+    path `package.module:callable` returning an nn.Module; it is called with `num_classes`
+    and `sample_shape` (when the dataset defines them and it accepts them) and `options`."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the model callable (free-form); they override the fields below
+    for the built-in models."""
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
     """Hidden layer widths of `mlp`; the first one is also `mymodel`'s hidden width."""
     cnn_channels: list[int] = field(default_factory=lambda: [16, 32])
@@ -66,12 +77,19 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
+    name: str = "sgd"
+    """Optimizer: `sgd`, `adamw` or `adam` (torch.optim)."""
     lr: float = 0.05
-    """Learning rate of SGD."""
+    """Peak learning rate (set it for the optimizer: e.g. 1e-3 for adamw)."""
     momentum: float = 0.9
     """SGD momentum."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam/AdamW coefficients of the running averages of the gradient and its square."""
+    eps: float = 1e-8
+    """Adam/AdamW term added to the denominator for numerical stability."""
     weight_decay: float = 0.0
-    """L2 weight decay."""
+    """Weight decay: L2 for sgd and adam (all parameters); decoupled for adamw, and there
+    not applied to parameters with fewer than 2 dimensions (biases, norm weights)."""
 
 
 @dataclass
@@ -90,6 +108,10 @@ class TrainConfig:
     sampler: str = "shuffle"
     """Training sampler: `shuffle` (ddp-trainer's memory-free, resumable sampler) or
     `torch` (torch.utils.data.distributed.DistributedSampler)."""
+    step: str = "classification"
+    """The training and evaluation step: `classification` (cross-entropy on `(inputs,
+    labels)` batches, or the model's own loss on mapping batches with a `labels` key), or an
+    import path to a callable `(model, batch) -> (loss, correct, count)`."""
     log_every: int = 10
     """Steps between progress lines and metric updates (one device sync each)."""
     device: str = "auto"
@@ -159,6 +181,11 @@ class JobConfig:
 def _check_type(where: str, value: Any, annotation: Any) -> Any:
     """Coerce YAML/CLI `value` to `annotation` or raise ConfigError naming `where`."""
     origin = typing.get_origin(annotation)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{where}: expected a mapping with string keys, got {value!r}",
+                              "write it as {key: value, ...}")
+        return dict(value)
     if origin is list:
         (item_type,) = typing.get_args(annotation)
         if not isinstance(value, list):
@@ -214,7 +241,10 @@ def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
                     f"{source}: unknown key {section}.{key}",
                     f"valid keys of {section}: {', '.join(hints)}",
                 )
-            setattr(target, key, _check_type(f"{section}.{key}", value, hints[key]))
+            checked = _check_type(f"{section}.{key}", value, hints[key])
+            if isinstance(checked, dict):  # free-form mappings merge key by key
+                checked = {**getattr(target, key), **checked}
+            setattr(target, key, checked)
     return cfg
 
 
@@ -231,14 +261,24 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
-    """Turn `--set section.key=value` items into a nested mapping; values are YAML scalars."""
-    out: dict[str, dict[str, Any]] = {}
+    """Turn `--set section.key=value` items into a nested mapping; values are YAML scalars.
+
+    A longer key reaches into a mapping field: `--set model.options.depth=4`.
+    """
+    out: dict[str, Any] = {}
     for item in items:
         name, sep, raw = item.partition("=")
-        section, dot, key = name.partition(".")
-        if not sep or not dot or not key:
+        parts = name.split(".")
+        if not sep or len(parts) < 2 or not all(parts):
             raise ConfigError(f"--set {item!r} is malformed", "write --set section.key=value")
-        out.setdefault(section, {})[key] = yaml.safe_load(raw) if raw else ""
+        node = out
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r} conflicts with an earlier --set of "
+                                  f"{part!r}", "set a key or its sub-keys, not both")
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw) if raw else ""
     return out
 
 
@@ -259,13 +299,13 @@ def _require(ok: bool, where: str, problem: str, fix: str) -> None:
 
 def validate(cfg: JobConfig) -> None:
     d, m, o, t, c = cfg.data, cfg.model, cfg.optim, cfg.train, cfg.checkpoint
-    is_file = d.dataset.endswith(FILE_SUFFIXES)
-    _require(
-        d.dataset in DATASET_NAMES or is_file,
-        "data.dataset",
-        f"unknown dataset {d.dataset!r}",
-        f"use one of {', '.join(DATASET_NAMES)} or a path ending in .npz or .csv",
-    )
+    if not (d.dataset in DATASET_NAMES or is_import_path(d.dataset)):
+        looks_like_path = os.sep in d.dataset or bool(os.path.splitext(d.dataset)[1])
+        _require(os.path.exists(d.dataset), "data.dataset",
+                 f"data path {d.dataset} does not exist" if looks_like_path else
+                 f"unknown dataset {d.dataset!r} (not a built-in, an import path or a path)",
+                 "pass an existing file or directory" if looks_like_path else
+                 f"use one of {', '.join(DATASET_NAMES)}, a data path or package.module:callable")
     _require(0.0 <= d.val_fraction < 1.0, "data.val_fraction",
              f"{d.val_fraction} is outside [0, 1)", "use e.g. --val-fraction 0.2")
     for name in ("synthetic_samples", "synthetic_features"):
@@ -274,15 +314,24 @@ def validate(cfg: JobConfig) -> None:
     _require(d.synthetic_classes >= 2, "data.synthetic_classes", "must be >= 2", "use 2 or more")
     _require(d.num_classes >= 0, "data.num_classes", "must be >= 0", "use 0 to infer it")
     _require(d.num_workers >= 0, "data.num_workers", "must be >= 0", "use 0 or more")
-    _require(m.name in MODEL_NAMES, "model.name", f"unknown model {m.name!r}",
-             f"use one of {', '.join(MODEL_NAMES)}")
+    _require(m.name in MODEL_NAMES or is_import_path(m.name), "model.name",
+             f"unknown model {m.name!r}",
+             f"use one of {', '.join(MODEL_NAMES)} or an import path package.module:callable")
+    _require(t.step in STEP_NAMES or is_import_path(t.step), "train.step",
+             f"unknown step {t.step!r}",
+             f"use one of {', '.join(STEP_NAMES)} or an import path package.module:callable")
     _require(bool(m.hidden_sizes) and min(m.hidden_sizes) >= 1, "model.hidden_sizes",
              "needs at least one width, all >= 1", "e.g. [128, 64]")
     _require(len(m.cnn_channels) == 2 and min(m.cnn_channels) >= 1, "model.cnn_channels",
              "needs two channel counts >= 1", "e.g. [16, 32]")
     _require(math.isfinite(o.lr) and o.lr > 0, "optim.lr", f"{o.lr} is not a positive number",
              "use e.g. --lr 0.05")
+    _require(o.name in OPTIMIZERS, "optim.name", f"unknown optimizer {o.name!r}",
+             f"use one of {', '.join(OPTIMIZERS)}")
     _require(0.0 <= o.momentum < 1.0, "optim.momentum", "must be in [0, 1)", "use e.g. 0.9")
+    _require(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
+             f"{o.betas} is not two numbers in [0, 1)", "use e.g. [0.9, 0.999]")
+    _require(math.isfinite(o.eps) and o.eps > 0, "optim.eps", "must be > 0", "use e.g. 1e-8")
     _require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0", "use 0 or more")
     _require(t.epochs >= 1, "train.epochs", f"{t.epochs} < 1", "use --epochs 1 or more")
     _require(t.max_steps >= 0, "train.max_steps", "must be >= 0", "use 0 for no limit")

@@ -75,6 +75,11 @@ def pick_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def local_device(device: str = "auto") -> torch.device:
+    """This process's device, from ``LOCAL_RANK``, before any group exists."""
+    return pick_device(device, _env_int("LOCAL_RANK", 0))
+
+
 def init_distributed(cfg: DistConfig, device: str = "auto") -> DistContext:
     """Join the process group described by the environment, or run alone.
 

@@ -1,15 +1,14 @@
-"""The one seam between samplers and the loop: build a rank's training and eval loaders."""
+"""The one seam between samplers and the loop: a rank's training sampler and its loaders."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from trainer.data import InMemoryDataset, passthrough_collate
+from trainer.data import IndexView
 from trainer.distributed import DistContext
 from trainer.sampling import BatchedSampler, DistributedEvalSampler, DistributedShuffleSampler
 
@@ -21,9 +20,9 @@ class TorchSamplerAdapter:
     (documented); use ``train.sampler: shuffle`` for exact mid-epoch resume.
     """
 
-    def __init__(self, dataset: InMemoryDataset, ctx: DistContext, seed: int) -> None:
+    def __init__(self, dataset: Sized, ctx: DistContext, seed: int) -> None:
         self.inner: DistributedSampler[Any] = DistributedSampler(
-            dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed,
+            dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed,  # type: ignore[arg-type]
             drop_last=False)
         self.start_position = 0
         self.epoch = 0
@@ -45,20 +44,27 @@ class TorchSamplerAdapter:
         self.epoch = int(state["epoch"])
 
 
-def build_train_sampler(kind: str, dataset: InMemoryDataset, ctx: DistContext,
-                        seed: int) -> DistributedShuffleSampler | TorchSamplerAdapter:
+TrainSampler = DistributedShuffleSampler | TorchSamplerAdapter
+
+
+def build_train_sampler(kind: str, dataset: Sized, ctx: DistContext, seed: int) -> TrainSampler:
     if kind == "torch":
         return TorchSamplerAdapter(dataset, ctx, seed)
     return DistributedShuffleSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
                                      shuffle=True, seed=seed, drop_last=False)
 
 
-def _loader(dataset: InMemoryDataset, batches: Iterable[list[int]], ctx: DistContext,
-            num_workers: int) -> DataLoader[Any]:
+def _passthrough(batch: Any) -> Any:
+    """IndexView.__getitems__ already returns a collated batch."""
+    return batch
+
+
+def make_loader(dataset: IndexView, batches: Iterable[list[int]], ctx: DistContext,
+                num_workers: int) -> DataLoader[Any]:
     return DataLoader(
         dataset,
         batch_sampler=batches,
-        collate_fn=passthrough_collate,  # type: ignore[arg-type]
+        collate_fn=_passthrough,
         num_workers=num_workers,
         # pinned host memory lets the host->GPU copy run asynchronously (non_blocking=True)
         pin_memory=ctx.device.type == "cuda",
@@ -66,21 +72,15 @@ def _loader(dataset: InMemoryDataset, batches: Iterable[list[int]], ctx: DistCon
     )
 
 
-def train_loader(dataset: InMemoryDataset, sampler: Any, batch_size: int, ctx: DistContext,
+def train_loader(dataset: IndexView, sampler: TrainSampler, batch_size: int, ctx: DistContext,
                  num_workers: int) -> DataLoader[Any]:
-    return _loader(dataset, BatchedSampler(sampler, batch_size, drop_last=False), ctx,
-                   num_workers)
+    return make_loader(dataset, BatchedSampler(sampler, batch_size, drop_last=False), ctx,
+                       num_workers)
 
 
-def eval_loader(dataset: InMemoryDataset, batch_size: int,
-                ctx: DistContext) -> tuple[DataLoader[Any], int]:
+def eval_loader(dataset: IndexView, batch_size: int, ctx: DistContext,
+                num_workers: int = 0) -> tuple[DataLoader[Any], int]:
     """The rank's eval loader and how many of its items are real (the rest is padding)."""
     sampler = DistributedEvalSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank)
-    return _loader(dataset, BatchedSampler(sampler, batch_size, drop_last=False), ctx,
-                   0), int(sampler.num_valid)
-
-
-def to_device(batch: tuple[torch.Tensor, torch.Tensor],
-              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = batch
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    return make_loader(dataset, BatchedSampler(sampler, batch_size, drop_last=False), ctx,
+                       num_workers), int(sampler.num_valid)

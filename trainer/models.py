@@ -1,12 +1,17 @@
-"""Models: the seed's two-layer MyModel, an MLP, and a small CNN for image-shaped data."""
+"""Built-in models (the seed's two-layer MyModel, an MLP, a small CNN) and the one function
+that builds any model, built-in or user import path, for training and for `evaluate`."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from trainer import plugins
 from trainer.config import ModelConfig
 from trainer.errors import ConfigError
 
@@ -57,23 +62,72 @@ class SmallCNN(nn.Module):
         return out
 
 
-def build_model(cfg: ModelConfig, feature_shape: tuple[int, ...], num_classes: int,
-                seed: int) -> nn.Module:
-    """Build the configured model with weights initialised from `seed` (same on every rank)."""
-    torch.manual_seed(seed)
-    in_features = math.prod(feature_shape)
-    if cfg.name == "mymodel":
-        return MyModel(in_features, cfg.hidden_sizes[0], num_classes)
-    if cfg.name == "mlp":
-        return MLP(in_features, cfg.hidden_sizes, num_classes)
-    if len(feature_shape) == 2:  # (H, W) images: add the channel axis the CNN expects
-        feature_shape = (1, *feature_shape)
-    if len(feature_shape) != 3:
+def mymodel(num_classes: int, sample_shape: tuple[int, ...],
+            hidden_sizes: list[int] | tuple[int, ...] = (20,)) -> MyModel:
+    """The seed's model; its hidden width is the first of `hidden_sizes`."""
+    return MyModel(math.prod(sample_shape), list(hidden_sizes)[0], num_classes)
+
+
+def mlp(num_classes: int, sample_shape: tuple[int, ...],
+        hidden_sizes: list[int] | tuple[int, ...] = (128, 64)) -> MLP:
+    return MLP(math.prod(sample_shape), list(hidden_sizes), num_classes)
+
+
+def cnn(num_classes: int, sample_shape: tuple[int, ...],
+        cnn_channels: list[int] | tuple[int, ...] = (16, 32)) -> nn.Module:
+    if len(sample_shape) == 2:  # (H, W) images: add the channel axis the CNN expects
+        sample_shape = (1, *sample_shape)
+    if len(sample_shape) != 3:
         raise ConfigError(
             f"model.name 'cnn' needs image-shaped samples (C, H, W) but they have shape "
-            f"{feature_shape}", "use --model mlp for vectors, or store x as N x C x H x W")
-    return _ChannelAdapter(SmallCNN(feature_shape[0], cfg.cnn_channels, num_classes),
-                           feature_shape)
+            f"{sample_shape}", "use --model mlp for vectors, or store x as N x C x H x W")
+    return _ChannelAdapter(SmallCNN(sample_shape[0], list(cnn_channels), num_classes),
+                           sample_shape)
+
+
+def _builtins(cfg: ModelConfig) -> dict[str, Callable[..., nn.Module]]:
+    # model.options override these config fields (functools.partial lets keywords win).
+    return {
+        "mymodel": functools.partial(mymodel, hidden_sizes=cfg.hidden_sizes),
+        "mlp": functools.partial(mlp, hidden_sizes=cfg.hidden_sizes),
+        "cnn": functools.partial(cnn, cnn_channels=cfg.cnn_channels),
+    }
+
+
+def resolve(cfg: ModelConfig) -> Callable[..., Any]:
+    """The model factory `cfg.name` names (imports a user module; builds nothing)."""
+    return plugins.resolve(cfg.name, "model.name", _builtins(cfg))
+
+
+def build_model(cfg: ModelConfig, num_classes: int | None, sample_shape: tuple[int, ...] | None,
+                seed: int) -> nn.Module:
+    """Build the configured model, weights initialised from `seed` (the same on every rank).
+
+    The factory gets `num_classes` and `sample_shape` when the dataset defines them and the
+    factory accepts them, plus everything in `cfg.options`.
+    """
+    factory = resolve(cfg)
+    offered: dict[str, Any] = {}
+    if num_classes is not None:
+        offered["num_classes"] = num_classes
+    if sample_shape is not None:
+        offered["sample_shape"] = tuple(sample_shape)
+    kwargs = {**plugins.accepted(factory, offered), **cfg.options}
+    if cfg.name in _builtins(cfg):
+        for name in ("num_classes", "sample_shape"):
+            if name not in kwargs:
+                raise ConfigError(f"model.name {cfg.name!r} needs the dataset's {name}, which "
+                                  "it does not define",
+                                  "give the dataset num_classes and sample_shape attributes, "
+                                  "set data.num_classes, or use a model of your own")
+    torch.manual_seed(seed)
+    model = plugins.call(factory, kwargs, f"model.name {cfg.name!r}",
+                         "fix the model callable or model.options")
+    if not isinstance(model, nn.Module):
+        raise plugins.PluginError(f"model.name {cfg.name!r} returned a {type(model).__name__}, "
+                                  "not a torch.nn.Module",
+                                  "return an nn.Module instance from the callable")
+    return model
 
 
 class _ChannelAdapter(nn.Module):

@@ -9,15 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch import nn
 
 from trainer import __version__, checkpoint
+from trainer.build import Workload, build_parts, build_workload, preflight
 from trainer.config import JobConfig, merge, validate
-from trainer.data import load_splits
-from trainer.distributed import DistContext, init_distributed, teardown
-from trainer.errors import CheckpointError, DataError, Preempted, RankLost
-from trainer.evaluate import evaluate
+from trainer.distributed import DistContext, init_distributed, local_device, teardown
+from trainer.errors import CheckpointError, ConfigError, DataError, Preempted, RankLost
+from trainer.evaluation import evaluate
+from trainer.loaders import eval_loader
 from trainer.metrics import RunInfo, build_metrics
-from trainer.models import build_model
+from trainer.steps import StepFn
 from trainer.stopping import StopFlag
 from trainer.trainer import Trainer
 
@@ -34,11 +36,11 @@ def write_json(directory: str, name: str, payload: dict[str, Any]) -> Path:
     return out / name
 
 
-def run_info(cfg: JobConfig, ctx: DistContext, dataset: str) -> RunInfo:
+def run_info(cfg: JobConfig, ctx: DistContext, workload: Workload) -> RunInfo:
     return RunInfo(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size,
                    local_world_size=ctx.local_world_size, backend=ctx.backend,
-                   strategy=cfg.train.strategy, model=cfg.model.name, dataset=dataset,
-                   device=ctx.device.type, version=__version__)
+                   strategy=cfg.train.strategy, model=workload.model_name,
+                   dataset=workload.splits.name, device=ctx.device.type, version=__version__)
 
 
 def restart_count() -> int:
@@ -66,13 +68,17 @@ def lost_rank_error(err: Exception, cfg: JobConfig) -> RankLost | None:
         "legitimately takes longer")
 
 
-def train(cfg: JobConfig) -> dict[str, Any]:
+def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None,
+          step: StepFn | None = None) -> dict[str, Any]:
     """Train on this rank; rank 0 writes ``summary.json``. Returns the summary.
 
+    `model`, `dataset` and `step` replace what the config names (see :func:`trainer.fit`).
     After a completed run the process group is left initialized (see
     :func:`trainer.distributed.teardown`); the CLI exits the process right after.
     """
-    splits = load_splits(cfg.data, cfg.train.seed)  # before joining: bad data fails fast
+    # Before joining: bad input fails fast, on every rank alike, with one line.
+    workload = build_workload(cfg, model=model, dataset=dataset, step=step)
+    preflight(workload, local_device(cfg.train.device), cfg.train.batch_size)
     if cfg.checkpoint.dir:
         checkpoint.check_writable(Path(cfg.checkpoint.dir))
     stop = StopFlag()
@@ -83,9 +89,10 @@ def train(cfg: JobConfig) -> dict[str, Any]:
     group_broken = False
     completed = False
     try:
-        metrics = build_metrics(cfg.metrics, run_info(cfg, ctx, splits.name))
+        metrics = build_metrics(cfg.metrics, run_info(cfg, ctx, workload))
         metrics.log({"run/restarts": float(restart_count())}, 0)
-        trainer = Trainer(cfg, ctx, splits, metrics, stop)
+        trainer = Trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
+                          workload.objects)
         trainer.maybe_resume()
         try:
             summary = trainer.train()
@@ -116,8 +123,14 @@ def train(cfg: JobConfig) -> dict[str, Any]:
             teardown(ctx, completed)
 
 
-def evaluate_checkpoint(path: str, dataset: str | None, output_dir: str) -> dict[str, Any]:
-    """Score the validation split of the checkpoint's (or `dataset`'s) data on this rank."""
+def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
+                        model: nn.Module | None = None, dataset: Any = None,
+                        step: StepFn | None = None) -> dict[str, Any]:
+    """Score the validation split of the checkpoint's (or `dataset_spec`'s) data on this rank.
+
+    The model is rebuilt from the checkpoint's config by the code that trained it; parts that
+    were passed to fit() as objects must be passed here again (`model`, `dataset`, `step`).
+    """
     try:
         state = checkpoint.read(Path(path))
     except CheckpointError:
@@ -126,22 +139,32 @@ def evaluate_checkpoint(path: str, dataset: str | None, output_dir: str) -> dict
                                   "pass a ckpt-*.pt file from --checkpoint-dir") from None
         raise
     cfg = merge(JobConfig(), state["config"], f"checkpoint {path}")
-    if dataset:
-        cfg.data.dataset = dataset
+    if dataset_spec:
+        cfg.data.dataset = dataset_spec
     validate(cfg)
-    splits = load_splits(cfg.data, cfg.train.seed)
+    given = {"model": model, "dataset": dataset if not dataset_spec else None, "step": step}
+    for part, described in dict(state.get("objects") or {}).items():
+        if given.get(part) is None and not (part == "dataset" and dataset_spec):
+            raise ConfigError(f"checkpoint {path}: its {part} ({described}) was passed to fit() "
+                              "as an object, so the config cannot rebuild it",
+                              f"call trainer.evaluate({path!r}, {part}=...) with the same "
+                              f"{part}, or train with an import path in the config")
+    workload = build_workload(cfg, model=model, dataset=given["dataset"], step=step)
+    preflight(workload, local_device(cfg.train.device), cfg.train.batch_size)
     ctx = init_distributed(cfg.dist, cfg.train.device)
     completed = False
     try:
-        model = build_model(cfg.model, splits.feature_shape, splits.num_classes,
-                            cfg.train.seed).to(ctx.device)
+        net = workload.model.to(ctx.device)
         try:
-            model.load_state_dict(state["model"])
+            net.load_state_dict(state["model"])
         except RuntimeError:
             raise DataError(f"dataset {cfg.data.dataset} does not fit the checkpoint's model "
-                            f"(features {splits.feature_shape}, {splits.num_classes} classes)",
+                            f"(sample shape {workload.splits.sample_shape}, "
+                            f"{workload.splits.num_classes} classes)",
                             "evaluate on data shaped like the training data") from None
-        _, result = evaluate(model, splits.val, ctx, cfg.train.batch_size)
+        loader, num_valid = eval_loader(workload.splits.val, cfg.train.batch_size, ctx,
+                                        cfg.data.num_workers)
+        _, result = evaluate(net, workload.step, loader, num_valid, ctx)
         report = {"accuracy": result.accuracy, "correct": result.correct, "total": result.total,
                   "loss": result.loss, "world_size": ctx.world_size, "checkpoint": str(path),
                   "dataset": cfg.data.dataset}

@@ -8,27 +8,24 @@ import logging
 import math
 import sys
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import checkpoint
 from trainer.batching import BatchPlan, plan_batches
+from trainer.build import TrainParts
 from trainer.config import JobConfig
-from trainer.data import DataSplits
 from trainer.distributed import DistContext
-from trainer.errors import ConfigError, Preempted, TrainingDiverged
-from trainer.evaluate import EvalResult, evaluate
-from trainer.loaders import build_train_sampler, to_device, train_loader
-from trainer.models import build_model
+from trainer.errors import Preempted, TrainingDiverged
+from trainer.evaluation import EvalResult, evaluate
+from trainer.steps import as_output
 from trainer.stopping import StopFlag
+from trainer.tree import batch_len, to_device
 
 log = logging.getLogger(__name__)
 
@@ -38,50 +35,40 @@ class MetricsLogger(Protocol):
     def close(self) -> None: ...
 
 
-def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
-    if strategy == "dp":
-        if ctx.world_size > 1:
-            raise ConfigError("train.strategy 'dp' (DataParallel) runs in one process, but "
-                              f"WORLD_SIZE is {ctx.world_size}",
-                              "use --strategy ddp with several ranks")
-        warnings.warn("DataParallel is single-process and re-scatters the model every step; "
-                      "DistributedDataParallel (--strategy ddp) is recommended", stacklevel=2)
-        return nn.DataParallel(model)
-    if not ctx.initialized:
-        return model
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
-
-
 class _Interval:
     """What one log interval accumulates; tensors stay on the device until the flush."""
 
     def __init__(self, device: torch.device) -> None:
         self.losses: list[torch.Tensor] = []
         self.correct = torch.zeros((), dtype=torch.int64, device=device)
+        self.count = torch.zeros((), dtype=torch.int64, device=device)
+        """Items scored (the step's count: samples, or non-ignored tokens)."""
         self.samples = 0
         self.wait = 0.0
         self.step_times: list[float] = []
 
 
 class Trainer:
-    """Owns model, optimizer, sampler and progress; ``state_dict`` captures all of it."""
+    """Loops over the parts it is handed (see :mod:`trainer.build`); ``state_dict`` captures
+    all progress. Settings (epochs, intervals, directories) are read from `cfg`; nothing is
+    built from it here."""
 
-    def __init__(self, cfg: JobConfig, ctx: DistContext, splits: DataSplits,
-                 metrics: MetricsLogger, stop: StopFlag | None = None) -> None:
+    def __init__(self, cfg: JobConfig, ctx: DistContext, parts: TrainParts,
+                 metrics: MetricsLogger, stop: StopFlag | None = None,
+                 objects: Mapping[str, str] | None = None) -> None:
         self.cfg = cfg
         self.ctx = ctx
-        self.splits = splits
+        self.parts = parts
         self.metrics = metrics
         self.stop = stop or StopFlag()
+        self.objects = dict(objects or {})
+        """Parts given as Python objects (recorded in checkpoints, see build.Workload)."""
         t = cfg.train
-        self.raw_model = build_model(cfg.model, splits.feature_shape, splits.num_classes,
-                                     t.seed).to(ctx.device)
-        self.model = wrap_model(self.raw_model, t.strategy, ctx)
-        self.optimizer = torch.optim.SGD(self.raw_model.parameters(), lr=cfg.optim.lr,
-                                         momentum=cfg.optim.momentum,
-                                         weight_decay=cfg.optim.weight_decay)
-        self.sampler = build_train_sampler(t.sampler, splits.train, ctx, t.seed)
+        self.raw_model = parts.model
+        self.model = parts.wrapped
+        self.optimizer = parts.optimizer
+        self.sampler = parts.sampler
+        self.step_fn = parts.step
         # Checkpointed progress.
         self.plan = BatchPlan(t.batch_size, 1, ctx.world_size)
         """Per-rank micro-batch and accumulation; the global batch survives world changes."""
@@ -125,6 +112,8 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "rng_cpu": torch.get_rng_state(),
             "config": self.cfg.to_dict(),
+            "objects": self.objects,
+            "class_names": list(self.parts.class_names or []),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -164,7 +153,7 @@ class Trainer:
 
     # -- loop ----------------------------------------------------------------------------
     def planned_steps(self) -> int:
-        per_rank = math.ceil(len(self.splits.train) / self.ctx.world_size)
+        per_rank = math.ceil(len(self.parts.train_set) / self.ctx.world_size)
         micro_steps = math.ceil(per_rank / self.plan.micro_batch)
         total = math.ceil(micro_steps / self.plan.accum_steps) * self.cfg.train.epochs
         return min(total, self.cfg.train.max_steps) if self.cfg.train.max_steps else total
@@ -174,8 +163,7 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Train to `train.epochs` or `train.max_steps`; return the summary (same on all ranks)."""
-        loader = train_loader(self.splits.train, self.sampler, self.plan.micro_batch, self.ctx,
-                              self.cfg.data.num_workers)
+        loader = self.parts.train_loader(self.plan.micro_batch)
         planned = self.planned_steps()
         bar = _progress_bar(self.ctx.is_main, planned, self.step)
         start = time.perf_counter()
@@ -219,17 +207,18 @@ class Trainer:
             step_losses: list[torch.Tensor] = []
             for j in range(k):
                 tw = time.perf_counter()
-                x, y = to_device(next(it), ctx.device)
+                batch = to_device(next(it), ctx.device)
                 interval.wait += time.perf_counter() - tw
                 # Gradients are all-reduced only on the last micro-batch of an accumulation.
                 sync = j == k - 1 or not isinstance(self.model, DistributedDataParallel)
                 with contextlib.nullcontext() if sync else self._ddp().no_sync():
-                    logits = self.model(x)
-                    loss = F.cross_entropy(logits, y)
+                    out = as_output(self.step_fn(self.model, batch))
+                    loss = out.loss
                     (loss / k if k > 1 else loss).backward()  # type: ignore[no-untyped-call]
                 step_losses.append(loss.detach())
-                interval.correct += (logits.detach().argmax(dim=1) == y).sum()
-                interval.samples += len(y)
+                interval.correct += out.correct
+                interval.count += out.count
+                interval.samples += batch_len(batch)
             self.optimizer.step()
             micro += k
             self.step += 1
@@ -268,7 +257,7 @@ class Trainer:
 
     def _flush(self, interval: _Interval, planned: int, bar: Any) -> None:
         losses = torch.stack(interval.losses).double().tolist()  # the interval's one sync
-        correct = int(interval.correct.item())
+        correct, count = torch.stack([interval.correct, interval.count]).tolist()
         loss_sum = math.fsum(losses)
         if not math.isfinite(loss_sum):
             # Exported first, so the loss-not-finite alert fires even though the job stops.
@@ -282,7 +271,7 @@ class Trainer:
         if self.step_log is not None and self.ctx.is_main:
             self._append_step_log(losses)
         mean_loss = loss_sum / steps
-        accuracy = correct / interval.samples
+        accuracy = correct / count if count else 0.0
         metrics: dict[str, float | Sequence[float]] = {
             "train/loss": mean_loss,
             "train/accuracy": accuracy,
@@ -330,7 +319,8 @@ class Trainer:
         return loss_sum / count if count else self.train_loss
 
     def _validate(self) -> EvalResult:
-        local, glob = evaluate(self.model, self.splits.val, self.ctx, self.cfg.train.batch_size)
+        local, glob = evaluate(self.raw_model, self.step_fn, self.parts.val_loader,
+                               self.parts.val_valid, self.ctx)
         self.metrics.log({
             "val/loss": local.loss, "val/accuracy": local.accuracy,
             "val/correct": float(local.correct), "val/total": float(local.total),
@@ -377,6 +367,7 @@ class Trainer:
             "wall_seconds": wall,
             "global_batch": self.plan.global_batch,
             "resumed_from_step": self.resumed_step,
+            **({"class_names": list(self.parts.class_names)} if self.parts.class_names else {}),
         }
 
 

@@ -25,6 +25,8 @@ JSON_TYPES: dict[Any, dict[str, Any]] = {
     list[int]: {"type": "array", "items": {"type": "integer"}},
     list[str]: {"type": "array", "items": {"type": "string"}},
     list[float]: {"type": "array", "items": {"type": "number"}},
+    # Free-form keyword arguments of user callables: the only place unknown keys are allowed.
+    dict[str, Any]: {"type": "object", "additionalProperties": True},
 }
 
 

@@ -1,17 +1,14 @@
-"""Datasets held in memory, their deterministic train/validation split, and batched fetch.
+"""The built-in in-memory datasets: digits, synthetic, `.npz` and `.csv` files.
 
-Every rank loads the whole (small) dataset and the same split from the seed; the samplers
-then give each rank its shard. That is the seed article's SubsetRandomSampler idea made
-distributed: the split is a seeded permutation, identical on every rank without any
-communication.
+Each is a factory returning an :class:`InMemoryDataset` that knows its ``num_classes`` and
+``sample_shape``; :mod:`trainer.data.source` resolves names to these factories exactly as it
+resolves a user's import path, so built-ins and user datasets take one code path.
 """
 
 from __future__ import annotations
 
 import csv
-import math
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +16,6 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from trainer.config import DataConfig
 from trainer.errors import DataError
 
 
@@ -31,10 +27,14 @@ class InMemoryDataset(Dataset[tuple[Tensor, Tensor]]):
     ``torch.stack`` (about 30x fewer interpreter round trips at batch 256).
     """
 
-    def __init__(self, x: Tensor, y: Tensor) -> None:
+    def __init__(self, x: Tensor, y: Tensor, num_classes: int | None = None) -> None:
         assert len(x) == len(y), "features and labels differ in length"
         self.x = x
         self.y = y
+        self.num_classes = num_classes
+        """Classes of the labels (None: not declared)."""
+        self.sample_shape = tuple(x.shape[1:])
+        """Shape of one sample's features: ``(F,)`` for vectors, ``(C, H, W)`` for images."""
 
     def __len__(self) -> int:
         return len(self.y)
@@ -47,37 +47,37 @@ class InMemoryDataset(Dataset[tuple[Tensor, Tensor]]):
         return self.x.index_select(0, idx), self.y.index_select(0, idx)
 
 
-def passthrough_collate(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """``__getitems__`` already returns a collated batch."""
-    return batch
-
-
-@dataclass
-class DataSplits:
-    train: InMemoryDataset
-    val: InMemoryDataset
-    num_classes: int
-    feature_shape: tuple[int, ...]
-    """Shape of one sample: ``(F,)`` for vectors, ``(C, H, W)`` for images."""
-    name: str
-    """Short dataset name for logs and metrics (file stem for files)."""
-
-
-def _synthetic(cfg: DataConfig, seed: int) -> tuple[Tensor, Tensor]:
-    # The seed's torch.randn features; labels come from a fixed random linear "teacher" so the
-    # task is learnable (the seed's randint labels are pure noise and cap accuracy at 1/C).
+def synthetic(samples: int, features: int, classes: int, seed: int,
+              num_classes: int = 0) -> InMemoryDataset:
+    """The seed's ``torch.randn`` features; labels come from a fixed random linear "teacher"
+    so the task is learnable (the seed's randint labels are pure noise, capping accuracy at
+    1/C)."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(cfg.synthetic_samples, cfg.synthetic_features, generator=g)
-    teacher = torch.randn(cfg.synthetic_features, cfg.synthetic_classes, generator=g)
-    return x, (x @ teacher).argmax(dim=1)
+    x = torch.randn(samples, features, generator=g)
+    teacher = torch.randn(features, classes, generator=g)
+    return checked(x, (x @ teacher).argmax(dim=1), num_classes or classes, "dataset synthetic")
 
 
-def _digits() -> tuple[Tensor, Tensor]:
-    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+def digits(num_classes: int = 0) -> InMemoryDataset:
+    """scikit-learn's 1797 8x8 digit images, bundled with it (no download)."""
+    from sklearn.datasets import load_digits
 
     bunch = load_digits()
     x = torch.as_tensor(bunch.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
-    return x, torch.as_tensor(bunch.target, dtype=torch.long)
+    return checked(x, torch.as_tensor(bunch.target, dtype=torch.long), num_classes,
+                   "dataset digits")
+
+
+def npz_file(path: Path, num_classes: int = 0) -> InMemoryDataset:
+    """A ``.npz`` file with arrays ``x`` (numeric, N x ...) and ``y`` (integer labels, N)."""
+    x, y = _npz(path)
+    return checked(x, y, num_classes, f"dataset {path}")
+
+
+def csv_file(path: Path, label_column: str, num_classes: int = 0) -> InMemoryDataset:
+    """A ``.csv`` file with a header; `label_column` holds the labels, the rest features."""
+    x, y = _csv(path, label_column)
+    return checked(x, y, num_classes, f"dataset {path}")
 
 
 def _npz(path: Path) -> tuple[Tensor, Tensor]:
@@ -130,23 +130,14 @@ def _csv(path: Path, label_column: str) -> tuple[Tensor, Tensor]:
     return torch.tensor(feats, dtype=torch.float32), torch.tensor(labels, dtype=torch.long)
 
 
-def load_arrays(cfg: DataConfig, seed: int) -> tuple[Tensor, Tensor, str]:
-    """Features, labels and a short name for the configured dataset."""
-    if cfg.dataset == "synthetic":
-        x, y = _synthetic(cfg, seed)
-        return x, y, "synthetic"
-    if cfg.dataset == "digits":
-        x, y = _digits()
-        return x, y, "digits"
-    path = Path(cfg.dataset)
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist", "pass an existing .npz or .csv path")
-    x, y = _npz(path) if path.suffix == ".npz" else _csv(path, cfg.label_column)
-    return x, y, path.stem
+def checked(x: Tensor, y: Tensor, num_classes: int, where: str) -> InMemoryDataset:
+    """The dataset of `x`, `y` after :func:`check_arrays`."""
+    return InMemoryDataset(x, y, check_arrays(x, y, num_classes, where))
 
 
 def check_arrays(x: Tensor, y: Tensor, num_classes: int, where: str) -> int:
-    """Validate shapes and labels; return the number of classes."""
+    """Validate shapes and labels; return the number of classes (`num_classes`, or inferred
+    as max(label) + 1 when 0)."""
     if len(x) != len(y):
         raise DataError(f"{where}: {len(x)} feature rows but {len(y)} labels",
                         "give one label per sample")
@@ -164,26 +155,3 @@ def check_arrays(x: Tensor, y: Tensor, num_classes: int, where: str) -> int:
     return classes
 
 
-def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """A seeded permutation cut into (train, val); identical on every rank."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_val = math.floor(n * val_fraction)
-    if val_fraction > 0 and n_val == 0:
-        n_val = 1
-    if n - n_val < 1:
-        raise DataError(f"val_fraction {val_fraction} leaves no training sample of {n}",
-                        "lower --val-fraction")
-    return perm[n_val:], perm[:n_val]
-
-
-def load_splits(cfg: DataConfig, seed: int) -> DataSplits:
-    x, y, name = load_arrays(cfg, seed)
-    classes = check_arrays(x, y, cfg.num_classes, f"dataset {cfg.dataset}")
-    train_idx, val_idx = split_indices(len(y), cfg.val_fraction, seed)
-    return DataSplits(
-        train=InMemoryDataset(x[train_idx].contiguous(), y[train_idx].contiguous()),
-        val=InMemoryDataset(x[val_idx].contiguous(), y[val_idx].contiguous()),
-        num_classes=classes,
-        feature_shape=tuple(x.shape[1:]),
-        name=name,
-    )

@@ -3,21 +3,22 @@
 Every rank runs the same number of batches (the eval sampler pads short shards), so no rank
 waits forever in the final all_reduce; padded items are masked out of the counts, so no sample
 is counted twice. Global accuracy = sum(correct) / sum(total) over ranks: exact integers, hence
-bit-identical for any world size.
+bit-identical for any world size. The step is the training step, so this holds for any model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from trainer.data import InMemoryDataset
 from trainer.distributed import DistContext
-from trainer.loaders import eval_loader, to_device
+from trainer.steps import StepFn, as_output
+from trainer.tree import batch_len, take, to_device
 
 
 @dataclass(frozen=True)
@@ -36,26 +37,35 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset: InMemoryDataset, ctx: DistContext,
-             batch_size: int) -> tuple[EvalResult, EvalResult]:
-    """Return (this rank's result, the exact global result)."""
+def evaluate(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid: int,
+             ctx: DistContext) -> tuple[EvalResult, EvalResult]:
+    """Return (this rank's result, the exact global result).
+
+    `loader` yields this rank's share with padding after the first `num_valid` samples; the
+    padding is cut off before the step sees a batch. `model` is the unwrapped module: a
+    forward-only pass needs no DDP, so there is no collective until the final reduction.
+    The loss is weighted by each batch's count (sum of loss x count over sum of count).
+    """
     was_training = model.training
     model.eval()
-    loader, num_valid = eval_loader(dataset, batch_size, ctx)
     # Accumulate on the device: one host sync at the end instead of one per batch.
     correct = torch.zeros((), dtype=torch.int64, device=ctx.device)
+    count = torch.zeros((), dtype=torch.int64, device=ctx.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     seen = 0
     for batch in loader:
-        x, y = to_device(batch, ctx.device)
-        n_real = max(0, min(len(y), num_valid - seen))
-        seen += len(y)
-        logits = model(x)[:n_real]
-        y = y[:n_real]
-        correct += (logits.argmax(dim=1) == y).sum()
-        loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").double()
-    local = torch.stack([correct.double(), torch.tensor(float(num_valid), device=ctx.device,
-                                                        dtype=torch.float64), loss_sum])
+        size = batch_len(batch)
+        n_real = max(0, min(size, num_valid - seen))
+        seen += size
+        if n_real == 0:
+            continue
+        if n_real < size:
+            batch = take(batch, n_real)
+        out = as_output(step(model, to_device(batch, ctx.device)))
+        correct += out.correct
+        count += out.count
+        loss_sum += out.loss.detach().double() * out.count
+    local = torch.stack([correct.double(), count.double(), loss_sum])
     local_result = _result(local)
     if ctx.initialized:
         # float64 holds integer counts exactly up to 2^53 samples.

@@ -1,0 +1,133 @@
+"""The Python API and the Trainer used standalone, in this process, with hand-made parts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+import trainer
+from trainer import checkpoint
+from trainer.build import TrainParts
+from trainer.config import JobConfig
+from trainer.data import IndexView, InMemoryDataset
+from trainer.distributed import DistContext
+from trainer.errors import ConfigError
+from trainer.loaders import build_train_sampler, eval_loader, train_loader
+from trainer.metrics import NullSink
+from trainer.steps import ClassificationStep, StepOutput
+
+
+def _blobs(n: int, seed: int) -> InMemoryDataset:
+    """Two Gaussian blobs in 4-D: linearly separable."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    x = torch.randn(n, 4, generator=g) + 4.0 * y[:, None].float()
+    return InMemoryDataset(x, y)
+
+
+class _PerSample(Dataset[dict[str, Tensor]]):
+    """Mapping samples, fetched through a list-returning __getitems__ (torch's convention)."""
+
+    def __init__(self, base: InMemoryDataset) -> None:
+        self.base = base
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        x, y = self.base[i]
+        return {"x": x, "labels": y}
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Tensor]]:
+        self.calls += 1
+        return [self[i] for i in indices]
+
+
+class _KwargModel(nn.Module):
+    """Keyword-argument forward returning .loss and .logits, like a transformers model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor, labels: Tensor) -> Any:
+        logits = self.linear(x)
+        return type("Out", (), {"loss": nn.functional.cross_entropy(logits, labels),
+                                "logits": logits})()
+
+
+def _cfg(tmp_path: Path, **train: Any) -> dict[str, Any]:
+    return {"train": {"epochs": 3, "batch_size": 16, **train}, "optim": {"lr": 0.1},
+            "metrics": {"port": 0}, "output": {"dir": str(tmp_path)}}
+
+
+def test_fit_trains_a_model_and_dataset_given_as_objects(tmp_path: Path) -> None:
+    summary = trainer.fit(_cfg(tmp_path), model=nn.Linear(4, 2), dataset=_blobs(400, 0))
+    assert summary["world_size"] == 1 and summary["val_total"] == 80
+    assert summary["val_accuracy"] >= 0.95
+    assert (tmp_path / "summary.json").is_file()
+
+
+def test_fit_takes_a_train_val_pair_without_splitting_it(tmp_path: Path) -> None:
+    summary = trainer.fit(_cfg(tmp_path), model=nn.Linear(4, 2),
+                          dataset=(_blobs(300, 1), _blobs(77, 2)))
+    assert summary["val_total"] == 77 and summary["samples"] == 3 * 300
+
+
+def test_mapping_batches_use_the_models_own_loss_and_list_getitems(tmp_path: Path) -> None:
+    data = _PerSample(_blobs(320, 3))
+    summary = trainer.fit(_cfg(tmp_path), model=_KwargModel(), dataset=data)
+    assert data.calls > 0 and summary["val_accuracy"] >= 0.95
+
+
+def test_a_custom_step_object_scores_what_it_returns(tmp_path: Path) -> None:
+    def count_everything_correct(model: nn.Module, batch: Any) -> StepOutput:
+        x, y = batch
+        return StepOutput(nn.functional.cross_entropy(model(x), y), len(y), len(y))
+
+    summary = trainer.fit(_cfg(tmp_path), model=nn.Linear(4, 2), dataset=_blobs(200, 4),
+                          step=count_everything_correct)
+    assert summary["val_accuracy"] == 1.0 and summary["val_total"] == 40
+
+
+def test_checkpoint_of_an_object_model_needs_the_model_to_evaluate(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    cfg["checkpoint"] = {"dir": str(tmp_path / "ckpt")}
+    cfg["data"] = {"dataset": "synthetic", "synthetic_features": 4, "synthetic_classes": 2}
+    net = nn.Linear(4, 2)
+    trained = trainer.fit(cfg, model=net)
+    ckpt = checkpoint.list_checkpoints(tmp_path / "ckpt")[0]
+    with pytest.raises(ConfigError, match="was passed to fit\\(\\) as an object"):
+        trainer.evaluate(ckpt, output_dir=tmp_path / "eval")
+    report = trainer.evaluate(ckpt, model=nn.Linear(4, 2), output_dir=tmp_path / "eval")
+    assert report["correct"] == trained["val_correct"]
+
+
+def test_fit_rejects_a_config_of_the_wrong_kind() -> None:
+    with pytest.raises(ConfigError, match="config is a int"):
+        trainer.fit(3)  # type: ignore[arg-type]
+
+
+def test_trainer_runs_on_parts_built_by_hand(tmp_path: Path) -> None:
+    ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
+    train_set, val_set = IndexView(_blobs(256, 5)), IndexView(_blobs(64, 6))
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    sampler = build_train_sampler("shuffle", train_set, ctx, seed=0)
+    val, valid = eval_loader(val_set, 32, ctx)
+    parts = TrainParts(
+        model=model, wrapped=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        step=ClassificationStep(), train_set=train_set, sampler=sampler,
+        train_loader=lambda micro: train_loader(train_set, sampler, micro, ctx, 0),
+        val_loader=val, val_valid=valid, num_classes=2)
+    cfg = JobConfig()
+    cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 2, 16, str(tmp_path)
+    summary = trainer.trainer.Trainer(cfg, ctx, parts, NullSink()).train()
+    assert summary["steps"] == 2 * 16 and summary["val_total"] == 64
+    assert summary["val_accuracy"] >= 0.95

@@ -1,0 +1,161 @@
+"""The composition root: every part of a run is built here, from the config, and nowhere else.
+
+Two phases, because a rank should fail on bad input before it joins the process group:
+
+1. :func:`build_workload` (before ``init_process_group``): the data splits, the model (on the
+   CPU, seeded) and the step — built-ins or the user's import paths, or objects handed to
+   :func:`trainer.fit` — then :func:`preflight` runs the step on one batch of each split.
+2. :func:`build_parts` (after): device placement, the DDP wrapper, the optimizer, the
+   sampler and the loaders, handed to :class:`trainer.trainer.Trainer`, which builds nothing.
+
+``ddp-trainer evaluate`` builds its model through :func:`build_workload` too, so a checkpoint
+is always scored by the same code that trained it.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from trainer import data, models, plugins, steps
+from trainer.config import JobConfig
+from trainer.data import DataSplits, IndexView
+from trainer.distributed import DistContext
+from trainer.errors import ConfigError
+from trainer.loaders import TrainSampler, build_train_sampler, eval_loader, train_loader
+from trainer.optim import build_optimizer
+from trainer.steps import StepFn
+from trainer.tree import to_device
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Workload:
+    """What the user brings, resolved and checked before the rank joins the group."""
+
+    splits: DataSplits
+    model: nn.Module
+    step: StepFn
+    model_name: str
+    """Short model name for logs and the ``trainer_info`` metric."""
+    objects: dict[str, str] = field(default_factory=dict)
+    """Parts passed to fit() as objects ({"model": "pkg.mod:Class", ...}): a checkpoint
+    records them because ``ddp-trainer evaluate`` cannot rebuild them from the config."""
+
+
+def check_config(cfg: JobConfig) -> None:
+    """The launcher's cheap check before it starts any rank: import paths resolve and files
+    exist; nothing is loaded or built."""
+    data.resolve(cfg.data, cfg.train.seed)
+    models.resolve(cfg.model)
+    steps.build_step(cfg.train.step)
+
+
+def build_workload(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None,
+                   step: StepFn | None = None) -> Workload:
+    """Data, model and step from `cfg`, or the objects given instead (see :func:`trainer.fit`)."""
+    objects: dict[str, str] = {}
+    splits = data.build_splits(cfg.data, cfg.train.seed, dataset)
+    if dataset is not None:
+        objects["dataset"] = plugins.describe(type(dataset))
+    if model is None:
+        model = models.build_model(cfg.model, splits.num_classes, splits.sample_shape,
+                                   cfg.train.seed)
+        model_name = cfg.model.name.rpartition(":")[2]
+    else:
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"the model passed to fit() is a {type(model).__name__}, not a "
+                              "torch.nn.Module", "pass an nn.Module instance")
+        objects["model"] = plugins.describe(type(model))
+        model_name = type(model).__name__
+    if step is None:
+        step = steps.build_step(cfg.train.step)
+    else:
+        if not callable(step):
+            raise ConfigError(f"the step passed to fit() is a {type(step).__name__}, not a "
+                              "callable", "pass a function (model, batch) -> StepOutput")
+        objects["step"] = plugins.describe(step)
+    return Workload(splits, model, step, model_name, objects)
+
+
+def preflight(workload: Workload, device: torch.device, batch_size: int) -> None:
+    """One batch of each split through the step, on `device`, before any optimizer step:
+    non-tensor fields, a wrong batch convention, a class-count mismatch or a non-scalar loss
+    fail here with one line instead of mid-run (or, worse, only on some ranks)."""
+    workload.model.to(device)
+    for split in (workload.splits.train, workload.splits.val):
+        if len(split) == 0:
+            continue
+        batch = to_device(split.batch(list(range(min(batch_size, len(split))))), device)
+        steps.preflight(workload.step, workload.model, batch, workload.splits.num_classes)
+
+
+@dataclass
+class TrainParts:
+    """Everything the Trainer loops over; built by :func:`build_parts`."""
+
+    model: nn.Module
+    """The unwrapped module on the device: what is checkpointed and evaluated."""
+    wrapped: nn.Module
+    """What training calls: DistributedDataParallel (or DataParallel) around `model`."""
+    optimizer: torch.optim.Optimizer
+    step: StepFn
+    train_set: IndexView
+    sampler: TrainSampler
+    train_loader: Callable[[int], DataLoader[Any]]
+    """Micro-batch size -> the training loader over `sampler` (the micro-batch is known only
+    after a resume, which may change the world size)."""
+    val_loader: DataLoader[Any]
+    val_valid: int
+    """Real (non-padding) validation samples of this rank."""
+    num_classes: int | None
+    class_names: tuple[str, ...] | None = None
+
+
+def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
+    if strategy == "dp":
+        if ctx.world_size > 1:
+            raise ConfigError("train.strategy 'dp' (DataParallel) runs in one process, but "
+                              f"WORLD_SIZE is {ctx.world_size}",
+                              "use --strategy ddp with several ranks")
+        warnings.warn("DataParallel is single-process and re-scatters the model every step; "
+                      "DistributedDataParallel (--strategy ddp) is recommended", stacklevel=2)
+        return nn.DataParallel(model)
+    if not ctx.initialized:
+        return model
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainParts:
+    t, d = cfg.train, cfg.data
+    model = workload.model.to(ctx.device)
+    splits = workload.splits
+    sampler = build_train_sampler(t.sampler, splits.train, ctx, t.seed)
+    val, val_valid = eval_loader(splits.val, t.batch_size, ctx, d.num_workers)
+
+    def make_train_loader(micro_batch: int) -> DataLoader[Any]:
+        return train_loader(splits.train, sampler, micro_batch, ctx, d.num_workers)
+
+    return TrainParts(
+        model=model,
+        wrapped=wrap_model(model, t.strategy, ctx),
+        optimizer=build_optimizer(cfg.optim, model),
+        step=workload.step,
+        train_set=splits.train,
+        sampler=sampler,
+        train_loader=make_train_loader,
+        val_loader=val,
+        val_valid=val_valid,
+        num_classes=splits.num_classes,
+        class_names=splits.class_names,
+    )

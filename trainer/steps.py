@@ -1,0 +1,173 @@
+"""The step: what one batch contributes — a loss to minimise and (correct, count) to score.
+
+Training and evaluation call the same step, so the exact global accuracy (integer counts
+reduced over ranks, evaluation padding masked) holds for any model. A user step is any
+callable ``(model, batch) -> StepOutput | (loss, correct, count)``; ``train.step`` names it by
+import path. The default, :class:`ClassificationStep`, covers the two common conventions:
+
+* ``(inputs, labels)`` batches and a model returning logits: cross-entropy, top-1 accuracy
+  over dimension 1 (the class dimension of ``F.cross_entropy``);
+* mapping batches with a ``labels`` key and a model taking keyword arguments and returning an
+  object with ``.loss`` and ``.logits`` (the Hugging Face ``transformers`` convention): the
+  batch goes in as ``model(**batch)``, the model's own loss is used, and accuracy compares
+  ``logits.argmax(-1)`` with the labels, ignoring label ``-100``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trainer import plugins
+from trainer.errors import ConfigError, DataError
+
+IGNORE_INDEX = -100
+"""Label ignored by the loss and the accuracy (``transformers``' and torch's convention)."""
+
+
+class StepError(ConfigError):
+    """A step (or the model it calls) broke its contract."""
+
+
+@dataclass
+class StepOutput:
+    loss: Tensor
+    """Scalar loss to minimise (a mean over the batch's counted items)."""
+    correct: Tensor | int
+    """Items predicted correctly (integer; a tensor stays on the device)."""
+    count: Tensor | int
+    """Items scored (the denominator of accuracy; the weight of `loss` in evaluation)."""
+
+
+StepFn = Callable[[nn.Module, Any], Any]
+
+
+def as_output(result: Any, where: str = "train.step") -> StepOutput:
+    """A step's return value as a StepOutput (a 3-tuple is accepted)."""
+    if isinstance(result, StepOutput):
+        return result
+    if isinstance(result, Sequence) and not isinstance(result, (str, Tensor)) and len(result) == 3:
+        return StepOutput(*result)
+    raise StepError(f"{where} returned a {type(result).__name__}",
+                    "return StepOutput(loss, correct, count) or a (loss, correct, count) tuple")
+
+
+def check_output(out: StepOutput, where: str = "train.step") -> None:
+    """The contract, checked once on the first batch (each check costs a device sync)."""
+    if not isinstance(out.loss, Tensor) or out.loss.dim() != 0:
+        shape = tuple(out.loss.shape) if isinstance(out.loss, Tensor) else type(out.loss).__name__
+        raise StepError(f"{where} returned a loss of shape {shape}, not a scalar",
+                        "reduce the loss to one number (e.g. .mean()) before returning it")
+    if not out.loss.is_floating_point():
+        raise StepError(f"{where} returned a {out.loss.dtype} loss",
+                        "return a floating-point loss tensor")
+    for name in ("correct", "count"):
+        value = getattr(out, name)
+        ok = (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, Tensor) and value.dim() == 0 and not value.is_floating_point())
+        if not ok:
+            raise StepError(f"{where} returned {name}={value!r}, not an integer",
+                            f"return {name} as an int or a 0-dim integer tensor")
+
+
+def _field(output: Any, name: str) -> Any:
+    value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
+    if value is None:
+        raise StepError(f"the model was called with a mapping batch (model(**batch)) but its "
+                        f"output has no {name!r}",
+                        "return an object with .loss and .logits (as transformers models do), "
+                        "or give the batch as (inputs, labels)")
+    return value
+
+
+class ClassificationStep:
+    """The default step (see the module docstring)."""
+
+    def __call__(self, model: nn.Module, batch: Any) -> StepOutput:
+        if isinstance(batch, Mapping):
+            out = model(**batch)
+            loss, logits = _field(out, "loss"), _field(out, "logits")
+            labels = batch["labels"]
+            valid = labels != IGNORE_INDEX
+            correct = ((logits.detach().argmax(-1) == labels) & valid).sum()
+            return StepOutput(loss, correct, valid.sum())
+        inputs, labels = batch
+        logits = model(inputs)
+        loss = F.cross_entropy(logits, labels)
+        correct = (logits.detach().argmax(1) == labels).sum()
+        return StepOutput(loss, correct, labels.numel())
+
+    def check(self, model: nn.Module, batch: Any, num_classes: int | None) -> None:
+        """Check the batch convention and the class count on one batch, before training."""
+        if isinstance(batch, Mapping):
+            if "labels" not in batch:
+                raise DataError(f"a mapping batch has no 'labels' key (keys: {list(batch)})",
+                                "name the label field 'labels', or use a train.step of your own")
+            labels, class_dim = batch["labels"], -1
+            logits = _field(model(**batch), "logits")
+        elif isinstance(batch, (tuple, list)) and len(batch) == 2:
+            (inputs, labels), class_dim = batch, 1
+            logits = model(inputs)
+        else:
+            raise DataError(f"the default step needs (inputs, labels) or a mapping with 'labels'"
+                            f", got a {type(batch).__name__}"
+                            + (f" of {len(batch)} items" if isinstance(batch, Sequence) else ""),
+                            "return (inputs, labels) samples, or set train.step to your own step")
+        if not isinstance(logits, Tensor) or logits.dim() < 2:
+            raise StepError(f"the model returned {type(logits).__name__} "
+                            f"{tuple(getattr(logits, 'shape', ()))}, not class logits (N, C)",
+                            "return one logit per class and sample")
+        if labels.is_floating_point():
+            raise DataError(f"labels are {labels.dtype}, not class indices",
+                            "return integer labels (torch.long), or use a train.step of your own")
+        classes = int(logits.shape[class_dim])
+        real = labels[labels != IGNORE_INDEX]
+        top = int(real.max()) if real.numel() else 0
+        if real.numel() and (top >= classes or int(real.min()) < 0):
+            raise DataError(f"the model returns {classes} logits per sample but a label is "
+                            f"{top if top >= classes else int(real.min())}",
+                            "make the model's output size the number of classes (labels must "
+                            "be 0..C-1), or set data.num_classes")
+        if num_classes is not None and classes != num_classes:
+            raise DataError(f"the model returns {classes} logits per sample but the dataset "
+                            f"has {num_classes} classes",
+                            "build the model with num_classes outputs")
+
+
+BUILTIN_STEPS: dict[str, Callable[[], StepFn]] = {"classification": ClassificationStep}
+
+
+def build_step(spec: str) -> StepFn:
+    """The step named by `train.step`: a built-in, or the callable behind an import path."""
+    if spec in BUILTIN_STEPS:
+        return BUILTIN_STEPS[spec]()
+    return plugins.load(spec, "train.step")
+
+
+def preflight(step: StepFn, model: nn.Module, batch: Any, num_classes: int | None) -> None:
+    """Run `step` once on `batch` without gradients and check everything that can be checked
+    before the first optimizer step; raises a TrainerError naming the problem."""
+    was_training = model.training
+    model.eval()  # no dropout draws, no BatchNorm statistics updates
+    try:
+        with torch.no_grad():
+            check = getattr(step, "check", None)
+            if check is not None:
+                check(model, batch, num_classes)
+            out = as_output(step(model, batch))
+            check_output(out)
+    except (ConfigError, DataError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - user code (model or step): report what it raised
+        text = str(exc).strip()
+        raise StepError(f"the step or the model raised {type(exc).__name__} on the first "
+                        f"batch: {text.splitlines()[0][:300] if text else '(no message)'}",
+                        "fix the model, the step or the data so that one batch goes through "
+                        "(rerun with --debug for the traceback)") from exc
+    finally:
+        model.train(was_training)
