@@ -39,10 +39,15 @@ def interrupted(podman: Podman, image: BuiltImage, action: Callable[[PlayedJob],
     def steer(job: PlayedJob) -> Outcome:
         notes["step"] = mid_run(job)
         notes["action"] = action(job)
-        return job.supervise(RUN_TIMEOUT)
+        outcome = job.supervise(RUN_TIMEOUT)
+        # For the failure message: what each pod's /checkpoints held at the end.
+        notes["checkpoints"] = {p.name: sorted(f.name for f in job.volume_dir(
+            p, "checkpoints").glob("ckpt-*.pt")) for p in job.pods}
+        return outcome
 
     chart = rendered(image, *layers, release=release)
     with played(podman, chart, steer=steer) as run:
+        run.logs = f"checkpoints at the end: {notes['checkpoints']}\n{run.logs}"
         return run, notes["step"], notes["action"]
 
 

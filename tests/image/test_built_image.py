@@ -3,11 +3,13 @@ local wheel index; tests/e2e/harness/image.py), then run and inspected."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from tests.e2e.harness.image import BuiltImage
 from tests.e2e.harness.podman import Podman
-from tests.image.dockerfile import parse
+from tests.image.dockerfile import REPO, parse
 
 # How the chart runs the container (values.yaml securityContext), as podman flags.
 RESTRICTED = ("--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
@@ -72,3 +74,16 @@ def test_image_size_is_reported(podman: Podman, image: BuiltImage,
     with capsys.disabled():
         built = f"built in {image.build_seconds:.0f} s" if image.build_seconds else "cached"
         print(f"\n[image] {image.ref}: {size / 2**20:.0f} MiB (CPU variant, {built})")
+
+
+def test_the_installed_package_is_this_checkouts_trainer(podman: Podman, image: BuiltImage) -> None:
+    """Not a stale build: every module in the image is byte for byte the working tree's."""
+    script = ("import hashlib, pathlib, trainer; root = pathlib.Path(trainer.__file__).parent\n"
+              "for p in sorted(root.rglob('*.py')):\n"
+              "    print(p.relative_to(root), hashlib.sha256(p.read_bytes()).hexdigest())")
+    installed = dict(line.split() for line in
+                     run(podman, image, "-c", script, entrypoint="python").splitlines())
+    source = REPO / "trainer"
+    checkout = {str(p.relative_to(source)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(source.rglob("*.py"))}
+    assert installed == checkout

@@ -29,7 +29,7 @@ from tests.image.dockerfile import REPO
 CACHE = Path(os.environ.get("E2E_CACHE", str(REPO / ".cache" / "e2e")))
 BASE_REPOSITORY = "localhost/ddp-trainer-e2e/base"
 IMAGE_REPOSITORY = "localhost/ddp-trainer-e2e/trainer"
-KEEP_IMAGES = 3  # older trainer tags are removed after a build (each holds ~300 MB of layers)
+KEEP_IMAGES = 2  # older trainer images are removed after a build (~1.3 GB each)
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -126,7 +126,10 @@ def trainer_image(podman: Podman, cache: Path = CACHE) -> BuiltImage:
     seconds = 0.0
     if not podman.image_exists(ref):
         started = time.monotonic()
-        args = ["build", "--format", "docker", "--layers", "--network", "none",
+        # --layers=false: buildah 1.28 (podman 4.3) keys a RUN's layer cache on the
+        # instruction alone, not on the stage it bind-mounts, so a cached runtime stage
+        # would keep installing the previous wheel. The image itself is cached by its key.
+        args = ["build", "--format", "docker", "--layers=false", "--network", "none",
                 "--volume", f"{index}:/index:ro", "--file", str(REPO / "Dockerfile"),
                 "--tag", ref]
         for name, value in build_args.items():
