@@ -35,7 +35,8 @@ e2e-tools:
 
 run: venv
 	$(VENV)/bin/ddp-trainer run --nproc-per-node $(NPROC) --dataset digits --output-dir outputs \
-		--metrics-bind-address 127.0.0.1 $(RUN_ARGS)
+		--metrics-bind-address 127.0.0.1 \
+		--set metrics.linger_seconds=0 $(RUN_ARGS)
 
 test: venv tools e2e-tools
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q

@@ -74,7 +74,7 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
 
 def write(directory: Path, step: int, payload: bytes, keep: int) -> Path:
     """Write a serialized payload atomically, then delete all but the newest `keep`."""
-    header = b"%s %s %d\n" % (MAGIC, hashlib.sha256(payload).hexdigest().encode(), len(payload))
+    header = b"%s %s %d\n" % (MAGIC, digest(payload).encode(), len(payload))
     final = checkpoint_path(directory, step)
     tmp_name = ""
     try:
@@ -129,8 +129,8 @@ class AsyncWriter:
             self._pool.shutdown(wait=True)
 
 
-def read(path: Path) -> dict[str, Any]:
-    """Load one checkpoint, raising CheckpointError if it is torn or corrupt."""
+def read_payload(path: Path) -> bytes:
+    """The verified payload of one checkpoint file (CheckpointError if torn or corrupt)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -143,20 +143,76 @@ def read(path: Path) -> dict[str, Any]:
     if not parts[2].isdigit() or int(parts[2]) != len(payload):
         raise CheckpointError(f"{path} is truncated ({len(payload)} of {parts[2].decode()} bytes)",
                               "delete it; the previous checkpoint is used")
-    if hashlib.sha256(payload).hexdigest().encode() != parts[1]:
+    if digest(payload) != parts[1].decode():
         raise CheckpointError(f"{path} fails its checksum", "delete it; the previous one is used")
+    return payload
+
+
+def digest(payload: bytes) -> str:
+    return hashlib.sha256(payload).hexdigest()
+
+
+def stored_digest(path: Path) -> str | None:
+    """The checksum a file's header claims (None if it has no valid header); cheap: one line."""
+    try:
+        with path.open("rb") as fh:
+            parts = fh.readline(256).split(b" ")
+    except OSError:
+        return None
+    return parts[1].decode() if len(parts) == 3 and parts[0] == MAGIC else None
+
+
+def deserialize(payload: bytes, where: str) -> dict[str, Any]:
+    """Unpickle a verified payload: tensors, numbers, strings and containers only."""
     try:
         state: dict[str, Any] = torch.load(io.BytesIO(payload), weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise CheckpointError(f"{path} cannot be unpickled ({exc})", "delete it") from None
+        raise CheckpointError(f"{where} cannot be unpickled ({exc})", "delete it") from None
     return state
+
+
+def read(path: Path) -> dict[str, Any]:
+    """Load one checkpoint, raising CheckpointError if it is torn or corrupt."""
+    return deserialize(read_payload(path), str(path))
+
+
+def latest_payload(directory: Path) -> tuple[bytes, Path] | None:
+    """The newest checkpoint whose bytes verify; invalid newer ones are skipped with a
+    warning."""
+    for path in list_checkpoints(directory):
+        try:
+            return read_payload(path), path
+        except CheckpointError as exc:
+            log.warning("skipping bad checkpoint: %s", exc.problem)
+    return None
+
+
+def count_start(directory: Path, rank: int) -> int:
+    """Count one more start of `rank` in `directory` and return the count (1 = first).
+
+    The count lives beside the checkpoints (``.starts-rank-<R>``, atomically replaced), so it
+    survives what the checkpoints survive: a container restart on an emptyDir, a pod deletion
+    on a PVC. It is how pod restarts become visible in ``trainer_restarts_total``.
+    """
+    path = directory / f".starts-rank-{rank:05d}"
+    try:
+        previous = int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        previous = 0
+    tmp = directory / f".{path.name}.tmp"
+    try:
+        tmp.write_text(f"{previous + 1}\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write {path} ({exc.strerror})",
+                              "point --checkpoint-dir at a writable directory") from None
+    return previous + 1
 
 
 def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
     """The newest valid checkpoint; invalid newer ones are skipped with a warning."""
-    for path in list_checkpoints(directory):
-        try:
-            return read(path), path
-        except CheckpointError as exc:
-            log.warning("skipping bad checkpoint: %s", exc.problem)
-    return None
+    found = latest_payload(directory)
+    if found is None:
+        return None
+    payload, path = found
+    return deserialize(payload, str(path)), path

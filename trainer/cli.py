@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainer import __version__
-from trainer.config import JobConfig, build_config
+from trainer.config import DistConfig, JobConfig, build_config
 from trainer.errors import RankLost, TrainerError
 
 # flag -> (section, key, type)
@@ -131,6 +131,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from trainer.build import check_config
     from trainer.launch import launch
     from trainer.metrics import start_launcher_exporter
+    from trainer.stopping import linger
 
     cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
     if ns.script:
@@ -158,6 +159,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return launch(rank_argv, ns.nproc_per_node, ns.max_restarts, cfg.dist.timeout_seconds,
                       exporter.env, ns.debug)
     finally:
+        if exporter.port:  # the ranks are gone; let a scrape see their final values
+            linger(cfg.metrics.linger_seconds)
         exporter.close()
 
 
@@ -175,20 +178,24 @@ def cmd_script(ns: argparse.Namespace) -> int:
 def cmd_evaluate(ns: argparse.Namespace) -> int:
     from trainer import runner
 
+    if ns.timeout is not None and ns.timeout <= 0:
+        raise TrainerError(f"--timeout {ns.timeout} <= 0", "use a number of seconds, e.g. 600")
     if ns.as_rank or ns.nproc_per_node == 1:
-        runner.evaluate_checkpoint(ns.checkpoint, ns.dataset, ns.output_dir)
+        runner.evaluate_checkpoint(ns.checkpoint, ns.dataset, ns.output_dir,
+                                   timeout_seconds=ns.timeout)
         return 0
     if ns.nproc_per_node < 1:
         raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
     from trainer.launch import launch
 
+    timeout = ns.timeout if ns.timeout is not None else DistConfig().timeout_seconds
     argv = ["evaluate", "--as-rank", "--checkpoint", ns.checkpoint, "--output-dir",
-            ns.output_dir]
+            ns.output_dir, "--timeout", str(timeout)]
     if ns.dataset:
         argv += ["--dataset", ns.dataset]
     if ns.debug:
         argv.append("--debug")
-    return launch(argv, ns.nproc_per_node, 0, 600.0, {}, ns.debug)
+    return launch(argv, ns.nproc_per_node, 0, timeout, {}, ns.debug)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default=None,
                    help="dataset to score (default: the checkpoint's); its validation split")
     p.add_argument("--output-dir", default="outputs", help="where eval.json goes")
+    p.add_argument("--timeout", type=float, default=None, metavar="FLOAT",
+                   help="timeout of the rendezvous and every collective, in seconds "
+                        "(default: the checkpoint's dist.timeout_seconds)")
     p.add_argument("--as-rank", action="store_true", help=argparse.SUPPRESS)
     _add_common(p)
     p.set_defaults(func=cmd_evaluate)

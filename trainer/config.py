@@ -113,7 +113,12 @@ class TrainConfig:
     labels)` batches, or the model's own loss on mapping batches with a `labels` key), or an
     import path to a callable `(model, batch) -> (loss, correct, count)`."""
     log_every: int = 10
-    """Steps between progress lines and metric updates (one device sync each)."""
+    """Steps between progress lines, metric updates and the ranks' stop/divergence check (one
+    device sync each)."""
+    stop_check_seconds: float = 15.0
+    """Bound on how long a SIGTERM or a diverged loss waits to be acted on when steps are slow:
+    checks then come every few steps instead of every `log_every`. Keep it well under the
+    pod's termination grace period (the chart sets it from that)."""
     device: str = "auto"
     """`auto` (CUDA when available), `cpu` or `cuda`."""
 
@@ -144,6 +149,9 @@ class MetricsConfig:
     with neither Prometheus (9090) nor the DCGM exporter (9400)."""
     bind_address: str = "0.0.0.0"
     """Address the metrics endpoint binds to."""
+    linger_seconds: float = 60.0
+    """Keep serving the final values this long after the run ends or fails, so that a scrape
+    sees them (a couple of scrape intervals; SIGTERM ends the wait; 0 for local runs)."""
 
 
 @dataclass
@@ -342,6 +350,8 @@ def validate(cfg: JobConfig) -> None:
     _require(t.sampler in SAMPLERS, "train.sampler", f"unknown sampler {t.sampler!r}",
              f"use one of {', '.join(SAMPLERS)}")
     _require(t.log_every >= 1, "train.log_every", "must be >= 1", "use 1 or more")
+    _require(math.isfinite(t.stop_check_seconds) and t.stop_check_seconds > 0,
+             "train.stop_check_seconds", "must be > 0", "use e.g. 15")
     _require(t.device in DEVICES, "train.device", f"unknown device {t.device!r}",
              f"use one of {', '.join(DEVICES)}")
     _require(c.every >= 0, "checkpoint.every", "must be >= 0", "use 0 for epoch ends only")
@@ -351,3 +361,5 @@ def validate(cfg: JobConfig) -> None:
     _require(cfg.dist.timeout_seconds > 0, "dist.timeout_seconds", "must be > 0", "use e.g. 600")
     _require(0 <= cfg.metrics.port <= 65535, "metrics.port", f"{cfg.metrics.port} is not a port",
              "use 0 (off) or 1-65535")
+    _require(math.isfinite(cfg.metrics.linger_seconds) and cfg.metrics.linger_seconds >= 0,
+             "metrics.linger_seconds", "must be >= 0", "use 0 to stop serving at once")

@@ -18,6 +18,7 @@ variable                torchrun / ``ddp-trainer run``         Kubeflow PyTorchJ
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -75,16 +76,13 @@ def pick_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def local_device(device: str = "auto") -> torch.device:
-    """This process's device, from ``LOCAL_RANK``, before any group exists."""
-    return pick_device(device, _env_int("LOCAL_RANK", 0))
+def plan_context(cfg: DistConfig, device: str = "auto") -> DistContext:
+    """This rank's place in the job, read from the environment, before joining anything.
 
-
-def init_distributed(cfg: DistConfig, device: str = "auto") -> DistContext:
-    """Join the process group described by the environment, or run alone.
-
-    The CUDA device is selected from ``LOCAL_RANK`` *before* ``init_process_group`` so NCCL
-    binds each rank to its own GPU (otherwise every rank creates a context on GPU 0).
+    Everything that can be wrong with the environment fails here, so a rank can also build
+    its metrics endpoint and check its input before it blocks in the rendezvous. The CUDA
+    device is selected from ``LOCAL_RANK`` *before* ``init_process_group`` so NCCL binds each
+    rank to its own GPU (otherwise every rank creates a context on GPU 0).
     """
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
@@ -104,32 +102,50 @@ def init_distributed(cfg: DistConfig, device: str = "auto") -> DistContext:
                           "use --set dist.backend=gloo (or auto) on CPU")
     if world_size == 1 and "MASTER_ADDR" not in os.environ:
         return DistContext(0, 1, 0, 1, dev, backend, initialized=False)
-    # NCCL's async error handling turns a hung collective into an exception after the timeout
-    # instead of a silent hang (torch >= 2.2 reads the TORCH_ prefixed name).
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
             raise ConfigError(f"WORLD_SIZE={world_size} but {name} is not set",
                               "launch with `ddp-trainer run` or torchrun, which set it")
+    return DistContext(rank, world_size, local_rank, local_world_size, dev, backend,
+                       initialized=False)
+
+
+def is_distributed(ctx: DistContext) -> bool:
+    """Whether this rank is part of a group (joined or not yet): the launcher set MASTER_*."""
+    return ctx.world_size > 1 or "MASTER_ADDR" in os.environ
+
+
+def join(ctx: DistContext, cfg: DistConfig) -> DistContext:
+    """Create the process group `ctx` describes (a no-op when running alone)."""
+    if ctx.initialized or not is_distributed(ctx):
+        return ctx
+    # NCCL's async error handling turns a hung collective into an exception after the timeout
+    # instead of a silent hang (torch >= 2.2 reads the TORCH_ prefixed name).
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     timeout = datetime.timedelta(seconds=cfg.timeout_seconds)
     kwargs: dict[str, object] = {}
-    if backend == "nccl":
-        kwargs["device_id"] = dev  # eager NCCL init on the right GPU
+    if ctx.backend == "nccl":
+        kwargs["device_id"] = ctx.device  # eager NCCL init on the right GPU
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # The elastic agent's store outlives a restart, and torch reuses the same keys each
         # attempt: restarted ranks would read the dead ranks' addresses and fail to connect.
         # A per-attempt prefix gives every restart a clean namespace.
         attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
         agent_store = dist.TCPStore(  # type: ignore[attr-defined]
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ctx.world_size,
             is_master=False, timeout=timeout)
         kwargs["store"] = dist.PrefixStore(  # type: ignore[attr-defined]
             f"/ddp-trainer/attempt_{attempt}", agent_store)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+        dist.init_process_group(backend=ctx.backend, rank=ctx.rank, world_size=ctx.world_size,
                                 timeout=timeout, **kwargs)  # type: ignore[arg-type]
-    return DistContext(rank, world_size, local_rank, local_world_size, dev, backend, True)
+    return dataclasses.replace(ctx, initialized=True)
+
+
+def init_distributed(cfg: DistConfig, device: str = "auto") -> DistContext:
+    """Join the process group described by the environment, or run alone."""
+    return join(plan_context(cfg, device), cfg)
 
 
 def teardown(ctx: DistContext, completed: bool = True) -> None:

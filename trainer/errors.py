@@ -28,13 +28,18 @@ class DataError(TrainerError):
     """A dataset is missing, unreadable or inconsistent."""
 
 
-class TrainingDiverged(TrainerError):
-    """The loss became NaN or infinite."""
+class AgreedStop(TrainerError):
+    """Raised on every rank at the same step, by agreement (trainer.agreement): the process
+    group is intact and the ranks leave it together."""
+
+
+class TrainingDiverged(AgreedStop):
+    """The loss became NaN or infinite on some rank."""
 
     exit_code = 3
 
 
-class Preempted(TrainerError):
+class Preempted(AgreedStop):
     """SIGTERM (eviction, preemption): stopped at a step boundary after checkpointing."""
 
     # 128 + SIGTERM = 143: the training operator's ExitCode restart policy retries 128-255 and

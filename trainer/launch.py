@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import uuid
 from collections.abc import Mapping
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
@@ -66,11 +66,9 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
         return exit_code_of(err)
-    except Exception as err:  # noqa: BLE001 - the agent's own failures (rendezvous, signals)
-        name = type(err).__name__
-        if name == "SignalException":
-            sig = getattr(err, "sigval", signal.SIGTERM)
-            return 128 + int(sig)
+    except SignalException as err:  # SIGTERM/SIGINT to the agent: it stopped the ranks
+        return 128 + int(err.sigval)
+    except Exception as err:  # noqa: BLE001 - the agent's own failures (rendezvous, ...)
         if debug:
             raise
         print(f"error: launcher failed: {err} (fix: rerun with --debug for details)",

@@ -20,6 +20,9 @@ class TorchSamplerAdapter:
     (documented); use ``train.sampler: shuffle`` for exact mid-epoch resume.
     """
 
+    resumes_mid_epoch = False
+    """The Trainer then drops the saved loss sums of the epoch it replays."""
+
     def __init__(self, dataset: Sized, ctx: DistContext, seed: int) -> None:
         self.inner: DistributedSampler[Any] = DistributedSampler(
             dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed,  # type: ignore[arg-type]

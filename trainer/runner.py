@@ -1,4 +1,9 @@
-"""What one rank does: join the group, build the pieces, train or evaluate, tear down."""
+"""What one rank does: check its input, join the group, train or evaluate, leave.
+
+Everything that can be checked alone is checked before ``init_process_group`` (config, data,
+model, step, the metrics port, the checkpoint directory), so bad input fails on every rank at
+once with one line instead of leaving the others waiting in the rendezvous.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +13,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from torch import nn
 
 from trainer import __version__, checkpoint
+from trainer.agreement import agree_resume, collective
 from trainer.build import Workload, build_parts, build_workload, preflight
 from trainer.config import JobConfig, merge, validate
-from trainer.distributed import DistContext, init_distributed, local_device, teardown
-from trainer.errors import CheckpointError, ConfigError, DataError, Preempted, RankLost
+from trainer.distributed import DistContext, is_distributed, join, plan_context, teardown
+from trainer.errors import AgreedStop, CheckpointError, ConfigError, DataError, RankLost
 from trainer.evaluation import evaluate
 from trainer.loaders import eval_loader
-from trainer.metrics import RunInfo, build_metrics
+from trainer.metrics import MetricsSink, RunInfo, build_metrics
 from trainer.steps import StepFn
-from trainer.stopping import StopFlag
+from trainer.stopping import StopFlag, linger
 from trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -43,29 +48,18 @@ def run_info(cfg: JobConfig, ctx: DistContext, workload: Workload) -> RunInfo:
                    dataset=workload.splits.name, device=ctx.device.type, version=__version__)
 
 
-def restart_count() -> int:
-    """Restarts of this job so far: torch's elastic agent counts them in the environment."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+def restart_count(starts: int | None) -> int:
+    """Restarts of this rank so far: the starts counted beside its checkpoints (they survive a
+    pod's container restarts), or torch's elastic agent's count (its worker-group restarts)."""
+    elastic = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return max(elastic, starts - 1) if starts is not None else elastic
 
 
-# Gloo and NCCL word their failures in many ways ("Connection reset by peer", "Application
-# timeout caused pair closure", "NCCL communicator was aborted", ...); all name the transport
-# or a timeout. The first line of the original error is kept in the message.
-_LOST_RANK_SIGNS = ("gloo", "Gloo", "NCCL", "nccl", "ProcessGroup", "Connection", "pair closure",
-                    "Broken pipe", "timed out", "Timed out", "timeout", "Timeout")
-
-
-def lost_rank_error(err: Exception, cfg: JobConfig) -> RankLost | None:
-    """A collective failure caused by another rank, as one clear error; None otherwise."""
-    text = str(err)
-    if not isinstance(err, dist.DistError) and not any(s in text for s in _LOST_RANK_SIGNS):
-        return None
-    first = text.strip().splitlines()[0][:200] if text.strip() else type(err).__name__
-    return RankLost(
-        f"another rank stopped responding or died (collective failed: {first}); "
-        f"collectives time out after dist.timeout_seconds={cfg.dist.timeout_seconds:g}",
-        "read the other ranks' logs for the first error; raise --timeout only if a step "
-        "legitimately takes longer")
+def _check_alone(cfg: JobConfig, ctx: DistContext) -> None:
+    if cfg.train.strategy == "dp" and is_distributed(ctx):
+        raise ConfigError("train.strategy 'dp' (DataParallel) runs in one process, but "
+                          f"WORLD_SIZE is {ctx.world_size}",
+                          "use --strategy ddp with several ranks")
 
 
 def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None,
@@ -73,38 +67,39 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
     """Train on this rank; rank 0 writes ``summary.json``. Returns the summary.
 
     `model`, `dataset` and `step` replace what the config names (see :func:`trainer.fit`).
-    After a completed run the process group is left initialized (see
+    After a completed (or agreed-stopped) run the process group is left initialized (see
     :func:`trainer.distributed.teardown`); the CLI exits the process right after.
     """
-    # Before joining: bad input fails fast, on every rank alike, with one line.
+    ctx = plan_context(cfg.dist, cfg.train.device)
+    _check_alone(cfg, ctx)
     workload = build_workload(cfg, model=model, dataset=dataset, step=step)
-    preflight(workload, local_device(cfg.train.device), cfg.train.batch_size)
-    if cfg.checkpoint.dir:
-        checkpoint.check_writable(Path(cfg.checkpoint.dir))
+    preflight(workload, ctx.device, cfg.train.batch_size)
+    starts = None
+    directory = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+    if directory is not None:
+        checkpoint.check_writable(directory)
+        starts = checkpoint.count_start(directory, ctx.rank)
     stop = StopFlag()
     stop.install()  # before joining, so an early SIGTERM is not lost
-    ctx = init_distributed(cfg.dist, cfg.train.device)
-    metrics = None
+    metrics: MetricsSink | None = None
     trainer = None
     group_broken = False
     completed = False
     try:
-        metrics = build_metrics(cfg.metrics, run_info(cfg, ctx, workload))
-        metrics.log({"run/restarts": float(restart_count())}, 0)
+        metrics = build_metrics(cfg.metrics, run_info(cfg, ctx, workload))  # binds the port
+        metrics.log({"run/restarts": float(restart_count(starts))}, 0)
+        with collective("joining the process group", cfg.dist.timeout_seconds):
+            ctx = join(ctx, cfg.dist)
         trainer = Trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
                           workload.objects)
-        trainer.maybe_resume()
+        resumed = agree_resume(directory, ctx, cfg.dist.timeout_seconds)
+        if resumed is not None:
+            trainer.resume(resumed)
         try:
             summary = trainer.train()
-        except Preempted:
-            completed = True  # every rank stopped at the same agreed step
+        except AgreedStop:
+            completed = True  # every rank stopped at the same agreed step, the group is intact
             raise
-        except (RuntimeError, dist.DistError) as err:
-            lost = lost_rank_error(err, cfg) if ctx.initialized else None
-            if lost is None:
-                raise
-            group_broken = True
-            raise lost from err
         completed = True
         if ctx.is_main:
             path = write_json(cfg.output.dir, "summary.json", summary)
@@ -112,12 +107,18 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
                      "(%d/%d) -> %s", summary["steps"], summary["samples_per_second"],
                      summary["train_loss"] or float("nan"), summary["val_accuracy"],
                      summary["val_correct"], summary["val_total"], path)
+        metrics.log({"run/completed": 1.0}, summary["steps"])
         return summary
+    except RankLost:
+        group_broken = True
+        raise
     finally:
         stop.uninstall()
         if trainer is not None:
             trainer.writer.close()
         if metrics is not None:
+            if metrics.port:  # this process serves the endpoint: let a scrape see the end
+                linger(cfg.metrics.linger_seconds)
             metrics.close()
         if not group_broken:  # tearing down a broken group can hang or abort the process
             teardown(ctx, completed)
@@ -125,7 +126,8 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
 
 def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
                         model: nn.Module | None = None, dataset: Any = None,
-                        step: StepFn | None = None) -> dict[str, Any]:
+                        step: StepFn | None = None,
+                        timeout_seconds: float | None = None) -> dict[str, Any]:
     """Score the validation split of the checkpoint's (or `dataset_spec`'s) data on this rank.
 
     The model is rebuilt from the checkpoint's config by the code that trained it; parts that
@@ -141,30 +143,38 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
     cfg = merge(JobConfig(), state["config"], f"checkpoint {path}")
     if dataset_spec:
         cfg.data.dataset = dataset_spec
+    if timeout_seconds is not None:
+        cfg.dist.timeout_seconds = timeout_seconds
     validate(cfg)
-    given = {"model": model, "dataset": dataset if not dataset_spec else None, "step": step}
+    given = {"model": model, "dataset": dataset, "step": step}
     for part, described in dict(state.get("objects") or {}).items():
-        if given.get(part) is None and not (part == "dataset" and dataset_spec):
+        replaced = part == "dataset" and dataset_spec
+        if given.get(part) is None and not replaced:
             raise ConfigError(f"checkpoint {path}: its {part} ({described}) was passed to fit() "
                               "as an object, so the config cannot rebuild it",
                               f"call trainer.evaluate({path!r}, {part}=...) with the same "
                               f"{part}, or train with an import path in the config")
-    workload = build_workload(cfg, model=model, dataset=given["dataset"], step=step)
-    preflight(workload, local_device(cfg.train.device), cfg.train.batch_size)
-    ctx = init_distributed(cfg.dist, cfg.train.device)
-    completed = False
+    ctx = plan_context(cfg.dist, cfg.train.device)
+    workload = build_workload(cfg, model=model, dataset=None if dataset_spec else dataset,
+                              step=step)
+    preflight(workload, ctx.device, cfg.train.batch_size)
     try:
-        net = workload.model.to(ctx.device)
-        try:
-            net.load_state_dict(state["model"])
-        except RuntimeError:
-            raise DataError(f"dataset {cfg.data.dataset} does not fit the checkpoint's model "
-                            f"(sample shape {workload.splits.sample_shape}, "
-                            f"{workload.splits.num_classes} classes)",
-                            "evaluate on data shaped like the training data") from None
+        workload.model.load_state_dict(state["model"])
+    except RuntimeError:
+        raise DataError(f"dataset {cfg.data.dataset} does not fit the checkpoint's model "
+                        f"(sample shape {workload.splits.sample_shape}, "
+                        f"{workload.splits.num_classes} classes)",
+                        "evaluate on data shaped like the training data") from None
+    completed = False
+    group_broken = False
+    try:
+        with collective("joining the process group", cfg.dist.timeout_seconds):
+            ctx = join(ctx, cfg.dist)
         loader, num_valid = eval_loader(workload.splits.val, cfg.train.batch_size, ctx,
                                         cfg.data.num_workers)
-        _, result = evaluate(net, workload.step, loader, num_valid, ctx)
+        with collective("the evaluation reduction", cfg.dist.timeout_seconds):
+            _, result = evaluate(workload.model.to(ctx.device), workload.step, loader,
+                                 num_valid, ctx)
         report = {"accuracy": result.accuracy, "correct": result.correct, "total": result.total,
                   "loss": result.loss, "world_size": ctx.world_size, "checkpoint": str(path),
                   "dataset": cfg.data.dataset}
@@ -173,5 +183,9 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
             print(f"accuracy {result.accuracy!r} ({result.correct}/{result.total}) -> {out}")
         completed = True
         return report
+    except RankLost:
+        group_broken = True
+        raise
     finally:
-        teardown(ctx, completed)
+        if not group_broken:
+            teardown(ctx, completed)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import checkpoint
+from trainer.agreement import Agreement, Resumed, Verdict, collective
 from trainer.batching import BatchPlan, plan_batches
 from trainer.build import TrainParts
 from trainer.config import JobConfig
@@ -47,6 +48,9 @@ class _Interval:
         self.wait = 0.0
         self.step_times: list[float] = []
 
+    def mean_step(self) -> float:
+        return sum(self.step_times) / len(self.step_times) if self.step_times else 0.0
+
 
 class Trainer:
     """Loops over the parts it is handed (see :mod:`trainer.build`); ``state_dict`` captures
@@ -61,6 +65,10 @@ class Trainer:
         self.parts = parts
         self.metrics = metrics
         self.stop = stop or StopFlag()
+        self.agreement = Agreement(ctx, self.stop, cfg.train.log_every,
+                                   cfg.train.stop_check_seconds, cfg.dist.timeout_seconds)
+        """Decides with the other ranks when to stop (SIGTERM, a diverged loss)."""
+        self._diverged_value: float | None = None
         self.objects = dict(objects or {})
         """Parts given as Python objects (recorded in checkpoints, see build.Workload)."""
         t = cfg.train
@@ -122,7 +130,9 @@ class Trainer:
         self.epoch = int(state["epoch"])
         self.step = int(state["step"])
         # The saved sums cover all ranks: rank 0 carries them on, the others start from zero.
-        main = self.ctx.is_main
+        # A sampler that cannot resume mid-epoch (torch's) replays the epoch from its start,
+        # so the sums of its first attempt must not be counted again.
+        main = self.ctx.is_main and getattr(self.sampler, "resumes_mid_epoch", True)
         self.epoch_loss_sum = float(state["epoch_loss_sum"]) if main else 0.0
         self.epoch_loss_count = int(state["epoch_loss_count"]) if main else 0
         self.train_loss = state["train_loss"]
@@ -138,18 +148,14 @@ class Trainer:
                         self.plan.accum_steps)
         self.resumed_step = self.step
 
-    def maybe_resume(self) -> None:
-        directory = self.checkpoint_dir
-        if directory is None:
-            return
-        found = checkpoint.load_latest(directory)
-        if found is None:
-            return
-        state, path = found
+    def resume(self, resumed: Resumed) -> None:
+        """Continue from the state the ranks agreed on (see :func:`agreement.agree_resume`)."""
+        state = resumed.state
         self.load_state_dict(state)
         position = state["sampler"]["position"] if state["sampler"] else 0
-        log.info("resumed from %s: step %d, epoch %d, sample position %d (saved by %d ranks)",
-                 path.name, self.step, self.epoch, position, state["world_size"])
+        log.info("resumed from %s: step %d, epoch %d, sample position %d (saved by %d ranks)%s",
+                 resumed.name, self.step, self.epoch, position, state["world_size"],
+                 "; sent by rank 0 to the ranks without a copy" if resumed.sent else "")
 
     # -- loop ----------------------------------------------------------------------------
     def planned_steps(self) -> int:
@@ -182,7 +188,7 @@ class Trainer:
             if self.last_eval is None:  # resumed after the last epoch: nothing left to train
                 self.last_eval = self._validate()
             self.writer.wait()  # the final checkpoint is durable before the summary says done
-            self.stop.drain()
+            self.agreement.drain()
         finally:
             if bar is not None:
                 bar.close()
@@ -211,7 +217,7 @@ class Trainer:
                 interval.wait += time.perf_counter() - tw
                 # Gradients are all-reduced only on the last micro-batch of an accumulation.
                 sync = j == k - 1 or not isinstance(self.model, DistributedDataParallel)
-                with contextlib.nullcontext() if sync else self._ddp().no_sync():
+                with self._comm() if sync else self._ddp().no_sync():
                     out = as_output(self.step_fn(self.model, batch))
                     loss = out.loss
                     (loss / k if k > 1 else loss).backward()  # type: ignore[no-untyped-call]
@@ -225,17 +231,40 @@ class Trainer:
             interval.losses.append(step_losses[0] if k == 1 else torch.stack(step_losses).mean())
             interval.step_times.append(time.perf_counter() - t0)
             at_ckpt = self._checkpoint_due() and micro < micro_total
-            if (self.step % self.cfg.train.log_every == 0 or at_ckpt or micro == micro_total
-                    or self._done()):
-                self._flush(interval, planned, bar)
+            last = micro == micro_total or self._done()
+            if self.agreement.due(self.step) or at_ckpt or last:
+                position = start_position + micro * positions_per_micro
+                diverged = self._flush(interval, planned, bar)
+                # Awaited where progress is saved (a checkpoint, the epoch end, the last step),
+                # so a diverged or stopped model is never written as progress.
+                verdict = self.agreement.exchange(self.step, diverged, interval.mean_step(),
+                                                  wait=at_ckpt or last)
                 interval = _Interval(ctx.device)
-                if self.stop.any_rank(ctx.device, ctx.initialized):
-                    self._preempt(start_position + micro * positions_per_micro)
+                self._act(verdict, position)
             if at_ckpt:
                 self._save(start_position + micro * positions_per_micro)
         if micro == micro_total:
             return None
         return start_position + micro * positions_per_micro
+
+    def _comm(self) -> contextlib.AbstractContextManager[None]:
+        """A DDP forward/backward talks to every rank: its failure is a lost rank."""
+        if not self.ctx.initialized:
+            return contextlib.nullcontext()
+        return collective("the gradient all-reduce", self.cfg.dist.timeout_seconds)
+
+    def _act(self, verdict: Verdict, position: int) -> None:
+        """Leave on every rank at once when the ranks agreed to."""
+        if verdict.diverged_rank is not None or verdict.stop:
+            self.agreement.drain()  # nothing left in flight when the ranks leave the group
+        if verdict.diverged_rank is not None:
+            value = self._diverged_value if verdict.diverged_rank == self.ctx.rank else None
+            raise TrainingDiverged(
+                f"training loss became {value if value is not None else 'non-finite'} on rank "
+                f"{verdict.diverged_rank} by step {self.step}",
+                "lower --lr or check the data for extreme values")
+        if verdict.stop:
+            self._preempt(position)
 
     def _ddp(self) -> DistributedDataParallel:
         assert isinstance(self.model, DistributedDataParallel)
@@ -255,15 +284,20 @@ class Trainer:
         every = self.cfg.checkpoint.every
         return self.checkpoint_dir is not None and every > 0 and self.step % every == 0
 
-    def _flush(self, interval: _Interval, planned: int, bar: Any) -> None:
+    def _flush(self, interval: _Interval, planned: int, bar: Any) -> bool:
+        """Read the interval's values (one device sync) and export them; True when this
+        rank's loss is not finite (the ranks then stop together, see _act)."""
         losses = torch.stack(interval.losses).double().tolist()  # the interval's one sync
         correct, count = torch.stack([interval.correct, interval.count]).tolist()
         loss_sum = math.fsum(losses)
         if not math.isfinite(loss_sum):
-            # Exported first, so the loss-not-finite alert fires even though the job stops.
+            # Exported at once, so the loss-not-finite alert fires even though the job stops.
             self.metrics.log({"train/loss": loss_sum / len(losses)}, self.step)
-            raise TrainingDiverged(f"training loss became {loss_sum} by step {self.step}",
-                                   "lower --lr or check the data for extreme values")
+            if self._diverged_value is None:
+                log.warning("training loss became %s on this rank by step %d; stopping with "
+                            "the other ranks at the next check", loss_sum, self.step)
+            self._diverged_value = loss_sum
+            return True
         steps = len(losses)
         self.epoch_loss_sum += loss_sum
         self.epoch_loss_count += steps
@@ -294,6 +328,7 @@ class Trainer:
         elif self.ctx.is_main:
             log.info("epoch %d step %d loss %.4f acc %.3f", self.epoch, self.step, mean_loss,
                      accuracy)
+        return False
 
     def _append_step_log(self, losses: list[float]) -> None:
         """Rank 0's per-step loss, one JSON line per step (recomputed steps appear again)."""
@@ -310,7 +345,8 @@ class Trainer:
         t = torch.tensor([self.epoch_loss_sum, float(self.epoch_loss_count)],
                          dtype=torch.float64, device=self.ctx.device)
         if self.ctx.initialized:
-            dist.all_reduce(t)
+            with collective("the epoch loss reduction", self.cfg.dist.timeout_seconds):
+                dist.all_reduce(t)
         loss_sum, count = t.tolist()
         return loss_sum, int(count)
 
@@ -319,8 +355,9 @@ class Trainer:
         return loss_sum / count if count else self.train_loss
 
     def _validate(self) -> EvalResult:
-        local, glob = evaluate(self.raw_model, self.step_fn, self.parts.val_loader,
-                               self.parts.val_valid, self.ctx)
+        with collective("the validation reduction", self.cfg.dist.timeout_seconds):
+            local, glob = evaluate(self.raw_model, self.step_fn, self.parts.val_loader,
+                                   self.parts.val_valid, self.ctx)
         self.metrics.log({
             "val/loss": local.loss, "val/accuracy": local.accuracy,
             "val/correct": float(local.correct), "val/total": float(local.total),
@@ -349,7 +386,8 @@ class Trainer:
         total = torch.tensor([float(self.samples_this_run)], dtype=torch.float64,
                              device=self.ctx.device)
         if self.ctx.initialized:
-            dist.all_reduce(total)
+            with collective("the sample count reduction", self.cfg.dist.timeout_seconds):
+                dist.all_reduce(total)
         samples = total.item()
         ev = self.last_eval
         assert ev is not None

@@ -42,7 +42,7 @@ VARIABLES = {
 MAY_BE_EMPTY = {"CUDA memory per rank"}
 
 
-def start_run(port: int, tmp: Path) -> subprocess.Popen[str]:
+def start_run(port: int, tmp: Path, *extra: str, linger: float = 0) -> subprocess.Popen[str]:
     # `python -m trainer` is the `ddp-trainer` console script, run from this checkout.
     cmd = [
         sys.executable, "-m", "trainer", "run",
@@ -55,6 +55,7 @@ def start_run(port: int, tmp: Path) -> subprocess.Popen[str]:
         "--log-every", "5",
         "--output-dir", str(tmp / "out"),
         "--checkpoint-dir", str(tmp / "ckpt"),
+        "--set", f"metrics.linger_seconds={linger}", *extra,
     ]  # fmt: skip
     return subprocess.Popen(
         cmd, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -174,7 +175,7 @@ def test_plain_torchrun_serves_both_local_ranks_on_one_port(tmp_path: Path) -> N
         "-m", "trainer", "train",
         "--metrics-port", str(port), "--metrics-bind-address", "127.0.0.1",
         "--dataset", "digits", "--epochs", "60", "--batch-size", "16", "--log-every", "5",
-        "--output-dir", str(tmp_path / "out"),
+        "--output-dir", str(tmp_path / "out"), "--set", "metrics.linger_seconds=0",
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -187,3 +188,42 @@ def test_plain_torchrun_serves_both_local_ranks_on_one_port(tmp_path: Path) -> N
     for rank in ("0", "1"):
         assert value(text, "trainer_info", rank=rank, local_rank=rank) == 1
     assert "pid=" not in text
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+def test_final_values_reach_prometheus_while_the_endpoint_lingers(tmp_path: Path) -> None:
+    port = free_port()
+    with PrometheusServer([f"127.0.0.1:{port}"], scrape_interval="1s", labels=POD_LABELS) as prom:
+        proc = start_run(port, tmp_path, "--epochs", "3", linger=4)
+        out = _finish(proc)
+        assert proc.returncode == 0, out[-4000:]
+        summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        # The last samples Prometheus stored (the endpoint is gone by now, so an instant query
+        # would see the staleness markers): the launcher kept serving the final values.
+        rows = prom.query('last_over_time(trainer_global_accuracy_ratio{split="val"}[5m])')
+        assert rows and float(rows[0]["value"][1]) == summary["val_accuracy"], rows
+        for rank in ("0", "1"):
+            steps = prom.query(f'last_over_time(trainer_steps_total{{rank="{rank}"}}[5m])')
+            assert float(steps[0]["value"][1]) == summary["steps"], steps
+
+
+def test_a_diverged_loss_reaches_prometheus_before_the_job_stops(tmp_path: Path) -> None:
+    port = free_port()
+    with PrometheusServer([f"127.0.0.1:{port}"], rule_files=[ALERTS], scrape_interval="1s",
+                          labels=POD_LABELS) as prom:
+        proc = start_run(port, tmp_path, "--lr", "1e30", "--set", "optim.momentum=0",
+                         linger=4)
+        out = _finish(proc)
+        assert proc.returncode == 3, out[-4000:]
+        assert out.count("error: training loss became") == 2, out[-4000:]  # both ranks
+        last = 'last_over_time(trainer_loss{split="train"}[5m])'
+        rows = prom.query(f"({last} != {last}) or (abs({last}) == Inf)")  # the alert's test
+        assert {r["metric"]["rank"] for r in rows} == {"0", "1"}, rows

@@ -174,3 +174,39 @@ def test_a_state_without_a_position_is_rejected() -> None:
         DistributedShuffleSampler(range(100)).load_state_dict(
             {"seed": 0, "epoch": 0, "num_samples": 100}
         )
+
+
+def test_state_dict_without_argument_keeps_what_the_iterator_yielded_2_to_3_ranks() -> None:
+    """Iterate 6,000 indices on each of 2 ranks of a 60,000-sample epoch, save the
+    no-argument state, resume on 3 ranks: every sample exactly once (issue: 12,000 used to
+    be trained twice)."""
+    from itertools import islice
+
+    from trainer.sampling import DistributedShuffleSampler
+
+    n = 60_000
+    seen: list[int] = []
+    states = []
+    for rank in range(2):
+        sampler = DistributedShuffleSampler(n, num_replicas=2, rank=rank, seed=11)
+        sampler.set_epoch(4)
+        seen += list(islice(iter(sampler), 6000))
+        states.append(sampler.state_dict())
+    assert states[0]["position"] == states[1]["position"] == 12_000
+    for rank in range(3):
+        resumed = DistributedShuffleSampler(n, num_replicas=3, rank=rank, seed=11)
+        resumed.load_state_dict(states[0])
+        resumed.set_epoch(4)
+        seen += list(resumed)
+    assert sorted(seen) == list(range(n))  # 60,000 = 12,000 + 3 x 16,000: no padding
+
+
+def test_state_dict_without_argument_counts_chunks_handed_out_by_iter_chunks() -> None:
+    from trainer.sampling import DistributedShuffleSampler
+
+    sampler = DistributedShuffleSampler(10_000, num_replicas=2, rank=1, seed=0)
+    sampler.set_epoch(0)
+    chunks = sampler.iter_chunks(1000)
+    first = next(chunks)
+    assert sampler.state_dict()["position"] == 2 * len(first)
+    assert sampler.state_dict(consumed=10)["position"] == 10  # explicit wins

@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 
 
 class MetricsSink(Protocol):
+    @property
+    def port(self) -> int:
+        """Port this process serves on (0 when it serves nothing)."""
+        ...
+
     def log(self, metrics: Mapping[str, MetricValue], step: int) -> None: ...
 
     def close(self) -> None: ...
@@ -57,6 +62,8 @@ class MetricsSink(Protocol):
 
 class NullSink:
     """Metrics disabled (``--metrics-port 0``)."""
+
+    port = 0
 
     def log(self, metrics: Mapping[str, MetricValue], step: int) -> None:
         pass

@@ -54,6 +54,10 @@ class StridedSampler(Sampler[int]):
         self._start = 0
         # (epoch, position) from load_state_dict, kept until that epoch's iteration completes.
         self._resume: tuple[int, int] | None = None
+        # What the current iteration has handed out, for state_dict() without `consumed`:
+        # indices of finished chunks, plus the list iterator of the chunk being consumed.
+        self._yielded_before = 0
+        self._current: tuple[int, Iterator[int]] | None = None
 
     # -- hooks -----------------------------------------------------------------------------
     def _stream_size(self) -> int:
@@ -94,23 +98,37 @@ class StridedSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; starts at position 0 unless a loaded state is for this epoch."""
         self.epoch = epoch
+        self._yielded_before, self._current = 0, None
         if self._resume is not None and self._resume[0] == epoch:
             self._start = self._resume[1]
         else:
             self._start = 0
 
+    @property
+    def yielded(self) -> int:
+        """Indices this rank's current iteration has handed out (``__iter__``: exactly;
+        ``iter_chunks``: whole chunks)."""
+        if self._current is None:
+            return self._yielded_before
+        size, it = self._current
+        remaining: int = it.__length_hint__()  # type: ignore[attr-defined]
+        return self._yielded_before + size - remaining
+
     def state_dict(self, consumed: int | None = None) -> dict[str, int]:
         """The resumable state after ``consumed`` global positions of this epoch were trained.
 
         ``consumed`` counts from the start of the epoch (not from :attr:`start_position`), e.g.
-        ``start_position + steps_done * batch_size * num_replicas``; ``None`` means
-        :attr:`start_position`. Values past the real end (padding) are clamped; once every
-        position this iteration yields is consumed, the state says ``position == num_samples``
-        (the epoch is complete, a ``drop_last`` tail included).
+        ``start_position + steps_done * batch_size * num_replicas``. Without it, the state is
+        what the iterator has yielded on this rank: ``start_position + yielded x
+        num_replicas``, which assumes the ranks advance in lockstep (as DDP forces them to)
+        and that everything yielded was trained — pass ``consumed`` when a DataLoader
+        prefetches ahead of training (the trainer does). Values past the real end (padding)
+        are clamped; once every position this iteration yields is consumed, the state says
+        ``position == num_samples`` (the epoch is complete, a ``drop_last`` tail included).
         """
         size = self._stream_size()
         if consumed is None:
-            consumed = self._start
+            consumed = self._start + self.yielded * self.num_replicas
         if consumed < self._start:
             raise ValueError(
                 f"consumed={consumed} is before this epoch's start position {self._start} "
@@ -170,14 +188,25 @@ class StridedSampler(Sampler[int]):
         total = self.num_samples
         first = 0
         step = min(chunk, _FIRST_CHUNK)
+        self._yielded_before, self._current = 0, None
         while first < total:
             count = min(step, total - first)
-            yield self._lookup(self._positions(first, count))
+            values = self._lookup(self._positions(first, count))
+            self._yielded_before = first + count
+            yield values
             first += count
             step = min(chunk, step * 2)
         if self._resume is not None and self._resume[0] == self.epoch:
             self._resume = None  # the resumed epoch is done; set_epoch(same) starts at 0 again
 
     def __iter__(self) -> Iterator[int]:
+        done = 0
         for chunk in self.iter_chunks():
-            yield from chunk.tolist()
+            values: list[int] = chunk.tolist()
+            # state_dict() reads the position inside the chunk from the list iterator, so
+            # counting costs nothing per index.
+            it = iter(values)
+            self._yielded_before, self._current = done, (len(values), it)
+            yield from it
+            done += len(values)
+        self._yielded_before, self._current = done, None

@@ -1,0 +1,195 @@
+"""Rank agreement on real processes: the chart's default path (one `ddp-trainer train` per pod,
+each with its own checkpoint directory, the operator's environment) resumes correctly after a
+container restart; a diverged loss and SIGTERM stop every rank at once; failures are exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, free_port, read_json, run_cli
+
+from trainer import checkpoint
+
+FIXTURES = str(REPO / "tests" / "fixtures")
+LONG = ["--dataset", "digits", "--batch-size", "8", "--epochs", "4", "--log-every", "5",
+        "--checkpoint-every", "20", "--metrics-port", "0", "--set",
+        "model.hidden_sizes=[512,512]"]
+
+
+class Pods:
+    """Two "pods", each one `ddp-trainer train` rank with the env the training operator sets
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and its own checkpoint and output
+    directories (the chart's emptyDirs); restarted like `restartPolicy: OnFailure`."""
+
+    def __init__(self, root: Path, args: list[str], world: int = 2) -> None:
+        self.root, self.args, self.world = root, args, world
+        self.port = free_port()
+        self.procs: dict[int, subprocess.Popen[str]] = {}
+        self.logs: dict[int, list[str]] = {r: [] for r in range(world)}
+        self.exits: dict[int, list[int]] = {r: [] for r in range(world)}
+
+    def start(self, rank: int) -> None:
+        pod = self.root / f"pod{rank}"
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PET_", "TORCHELASTIC_")) and k != "LOCAL_RANK"}
+        env.update(PYTHONPATH=f"{REPO}:{FIXTURES}", RANK=str(rank), WORLD_SIZE=str(self.world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port), PYTHONUNBUFFERED="1")
+        self.procs[rank] = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "train", *self.args, "--checkpoint-dir",
+             str(pod / "ckpt"), "--output-dir", str(pod / "out")],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def run(self, restarts: int = 0, timeout: float = 600) -> dict[int, list[int]]:
+        """Start every pod; restart a failed one up to `restarts` times; wait for all."""
+        for rank in range(self.world):
+            self.start(rank)
+        budget = restarts
+        deadline = time.monotonic() + timeout
+        while self.procs:
+            assert time.monotonic() < deadline, "pods did not finish"
+            for rank, proc in list(self.procs.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                self.logs[rank].append(proc.stderr.read() if proc.stderr else "")
+                self.exits[rank].append(code)
+                del self.procs[rank]
+                if code != 0 and budget > 0:
+                    budget -= 1
+                    self.start(rank)
+            time.sleep(0.05)
+        return self.exits
+
+    def pid(self, rank: int) -> int:
+        return self.procs[rank].pid
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+
+
+def _step_losses(path: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pods-uninterrupted")
+    pods = Pods(root, LONG)
+    exits = pods.run()
+    assert exits == {0: [0], 1: [0]}, pods.logs
+    return root / "pod0" / "out"
+
+
+def test_per_pod_checkpoints_resume_after_a_killed_rank_as_an_uninterrupted_run(
+        tmp_path: Path, uninterrupted: Path) -> None:
+    import threading
+
+    pods = Pods(tmp_path, LONG)
+
+    def kill_rank1_after_the_first_checkpoint() -> None:
+        ckpt = tmp_path / "pod0" / "ckpt"
+        deadline = time.monotonic() + 300
+        while not checkpoint.list_checkpoints(ckpt) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        os.kill(pods.pid(1), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_rank1_after_the_first_checkpoint)
+    killer.start()
+    try:
+        exits = pods.run(restarts=6)
+    finally:
+        killer.join()
+        pods.kill_all()
+    assert exits[1][0] == -signal.SIGKILL and exits[0][-1] == 0 and exits[1][-1] == 0, (
+        exits, pods.logs)
+    # Rank 0 saw its peer vanish: a lost rank (exit 4), not a hang and not a traceback.
+    assert exits[0][0] == 4 and "another rank stopped responding" in pods.logs[0][0]
+    assert not list((tmp_path / "pod1" / "ckpt").glob("ckpt-*.pt"))  # only rank 0 writes
+    assert "sent by rank 0 to the ranks without a copy" in pods.logs[0][-1]
+    resumed = read_json(tmp_path / "pod0" / "out" / "summary.json")
+    want = read_json(uninterrupted / "summary.json")
+    at = resumed["resumed_from_step"]
+    assert at is not None and at > 0
+    assert resumed["steps"] == want["steps"]
+    assert resumed["train_loss"] == want["train_loss"]
+    assert resumed["val_accuracy"] == want["val_accuracy"]
+    got, ref = (_step_losses(p / "steps.jsonl") for p in (tmp_path / "pod0" / "out",
+                                                           uninterrupted))
+    after = [s for s in ref if s > at]
+    assert after and [got[s] for s in after] == [ref[s] for s in after]
+    # Each pod counts its own restart beside its checkpoints.
+    assert (tmp_path / "pod1" / "ckpt" / ".starts-rank-00001").read_text().strip() == str(
+        len(exits[1]))
+
+
+@pytest.mark.parametrize("launcher", [False, True])
+def test_a_loss_that_overflows_on_one_rank_stops_every_rank_with_exit_3(
+        tmp_path: Path, launcher: bool) -> None:
+    args = ["--dataset", "userplugins:one_extreme_sample", "--model", "mlp", "--epochs", "2",
+            "--log-every", "5", "--metrics-port", "0"]
+    if launcher:
+        proc = run_cli("run", "--nproc-per-node", "2", *args, "--output-dir", str(tmp_path),
+                       env={"PYTHONPATH": f"{REPO}:{FIXTURES}"}, timeout=300)
+        assert proc.returncode == 3, proc.stderr
+        logs = [proc.stderr]
+    else:
+        pods = Pods(tmp_path, args)
+        exits = pods.run(timeout=300)
+        assert exits == {0: [3], 1: [3]}, pods.logs  # none exits 4, none hangs
+        logs = [pods.logs[0][0], pods.logs[1][0]]
+    text = "\n".join(logs)
+    errors = re.findall(r"error: training loss became (\S+) on rank (\d) by step (\d+)", text)
+    assert len(errors) == 2 and len({(r, s) for _, r, s in errors}) == 1, text
+    detected = [int(s) for s in re.findall(r"loss became \S+ on this rank by step (\d+)", text)]
+    assert detected and int(errors[0][2]) - min(detected) <= 5  # within one log interval
+    assert "Traceback" not in text
+
+
+def test_evaluate_honours_its_timeout(tmp_path: Path) -> None:
+    proc = run_cli("train", "--dataset", "synthetic", "--epochs", "1", "--metrics-port", "0",
+                   "--checkpoint-dir", str(tmp_path / "ckpt"), "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    ckpt = checkpoint.list_checkpoints(tmp_path / "ckpt")[0]
+    t0 = time.monotonic()
+    # Rank 0 of 2 whose peer never comes: the rendezvous must give up after --timeout.
+    proc = run_cli("evaluate", "--as-rank", "--checkpoint", str(ckpt), "--timeout", "3",
+                   "--output-dir", str(tmp_path / "eval"),
+                   env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(free_port())}, timeout=120)
+    assert time.monotonic() - t0 < 60, "the evaluation waited for its default 600 s"
+    assert proc.returncode == 4 and "dist.timeout_seconds=3" in proc.stderr, proc.stderr
+
+
+def test_dataparallel_with_several_ranks_fails_before_the_rendezvous(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = run_cli("train", "--strategy", "dp", "--metrics-port", "0", env={
+        "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port())}, timeout=120)
+    assert proc.returncode == 2 and "'dp' (DataParallel) runs in one process" in proc.stderr
+    assert time.monotonic() - t0 < 60  # no wait for the missing peer
+
+
+def test_torch_sampler_resume_replays_the_epoch_without_counting_its_loss_twice(
+        tmp_path: Path) -> None:
+    common = ["--dataset", "digits", "--sampler", "torch", "--epochs", "1", "--batch-size",
+              "16", "--metrics-port", "0", "--checkpoint-dir", str(tmp_path / "ckpt"),
+              "--checkpoint-every", "10"]
+    first = run_cli("train", *common, "--max-steps", "40", "--output-dir", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr
+    second = run_cli("train", *common, "--output-dir", str(tmp_path / "b"))
+    assert second.returncode == 0, second.stderr
+    summary = read_json(tmp_path / "b" / "summary.json")
+    replayed = _step_losses(tmp_path / "b" / "steps.jsonl")  # the whole epoch, from step 41
+    assert len(replayed) == 90  # 1438 / 16 steps, trained again from the epoch's start
+    assert summary["train_loss"] == pytest.approx(sum(replayed.values()) / len(replayed),
+                                                  rel=1e-12)
