@@ -20,9 +20,12 @@ from tests.e2e.harness.podman import Podman
 from tests.e2e.harness.prometheus import PodMonitorPrometheus
 
 NAMESPACE = "e2e"
-# A stuck collective fails after this instead of the default 600 s (a failing scenario
-# then reports in about a minute); every other trainer setting is the chart's default.
-FAST_FAILURE = {"trainerConfig": {"dist": {"timeout_seconds": 60}}}
+# Two trainer settings sized for tests, every other one is the chart's default: a stuck
+# collective fails after 60 s instead of 600 s (a failing scenario reports in about a
+# minute), and the final metrics are served for 3 s (three 1 s scrape intervals, see
+# scrape.SCRAPE_VALUES) instead of 60 s after a run.
+TEST_TIMINGS = {"trainerConfig": {"dist": {"timeout_seconds": 60},
+                                  "metrics": {"linger_seconds": 3}}}
 RUN_TIMEOUT = 300.0
 
 
@@ -35,7 +38,7 @@ def chart_values(image: BuiltImage, *layers: Mapping[str, Any]) -> dict[str, Any
     """The chart's defaults with our image, CPU only (``gpusPerReplica: 0``), then `layers`."""
     repository, tag = image.ref.rsplit(":", 1)
     return merge_values({"image": {"repository": repository, "tag": tag},
-                         "gpusPerReplica": 0}, FAST_FAILURE, *layers)
+                         "gpusPerReplica": 0}, TEST_TIMINGS, *layers)
 
 
 def rendered(image: BuiltImage, *layers: Mapping[str, Any],
