@@ -8,12 +8,23 @@
 # (the chart's securityContext) and works with a read-only root filesystem: it writes only to
 # /tmp (emptyDir; HOME and every cache live there), /outputs and /checkpoints.
 
-# Base images are written out (not ARGs) so every scanner sees the pinned tags.
+# Build args a user may need besides VARIANT (corporate mirrors, air-gapped clusters): the base
+# images and the package indexes. The defaults are the pinned public ones; tests/image checks
+# that each default has a fixed version tag. `make e2e` builds with a locally made Debian base
+# and a local wheel index (docs/e2e.md).
+#   PYTHON_IMAGE    base of the wheel stage and of the CPU variant: a Python with pip on PATH
+#   PYTORCH_IMAGE   base of the GPU variant: torch and CUDA installed
+#   PIP_INDEX_URL   index of every pip install except the CPU variant's torch
+#   TORCH_INDEX_URL index of the CPU variant's torch (and its dependencies)
 ARG VARIANT=gpu
+ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+ARG PYTORCH_IMAGE=pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime
 
 # --- wheel: build the project wheel (tests/image/test_wheel.py runs this same command) -------
-FROM python:3.12-slim-bookworm AS wheel
+FROM ${PYTHON_IMAGE} AS wheel
 ARG VERSION=""
+# pip reads PIP_INDEX_URL from the environment, which a build arg is during RUN.
+ARG PIP_INDEX_URL=https://pypi.org/simple
 WORKDIR /src
 RUN python -m pip install --no-cache-dir setuptools==84.2.1 wheel==0.48.0
 COPY pyproject.toml README.md ./
@@ -22,22 +33,24 @@ RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /dist . \
     && if [ -n "${VERSION}" ]; then test -f "/dist/ddp_trainer-${VERSION}-py3-none-any.whl"; fi
 
 # --- runtime bases -----------------------------------------------------------------------------
-FROM pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime AS base-gpu
+FROM ${PYTORCH_IMAGE} AS base-gpu
 
-FROM python:3.12-slim-bookworm AS base-cpu
+FROM ${PYTHON_IMAGE} AS base-cpu
 ARG TORCH_VERSION=2.10.0
-RUN python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
         "torch==${TORCH_VERSION}"
 
 # --- final image -------------------------------------------------------------------------------
 # DL3006: "base-gpu"/"base-cpu" are stages of this file (pinned above), not registry images;
 # hadolint cannot resolve a stage name built from an ARG.
-# checkov reads base-${VARIANT} as an untagged image, and its skip covers every FROM of the file;
-# tests/image/test_dockerfile.py checks instead that each registry image above has a fixed tag.
-# checkov:skip=CKV_DOCKER_7: base-${VARIANT} is a stage of this file; its images are pinned above
+# checkov reads base-${VARIANT} and the ${...} bases as untagged images, and its skip covers every
+# FROM of the file; tests/image/test_dockerfile.py checks instead that each default has a fixed tag.
+# checkov:skip=CKV_DOCKER_7: base-${VARIANT} is a stage of this file; the default bases are pinned
 # hadolint ignore=DL3006
 FROM base-${VARIANT} AS runtime
 ARG VERSION=""
+ARG PIP_INDEX_URL=https://pypi.org/simple
 LABEL org.opencontainers.image.title="ddp-trainer" \
       org.opencontainers.image.description="Kubernetes-native distributed PyTorch training (DDP, Prometheus metrics, Kubeflow PyTorchJob)" \
       org.opencontainers.image.source="https://github.com/ddp-trainer/ddp-trainer" \

@@ -13,7 +13,7 @@ TAG ?= $(VERSION)
 NPROC ?= 2
 RUN_ARGS ?=
 
-.PHONY: venv tools run test lint bench k8s image push clean
+.PHONY: venv tools e2e-tools run test e2e lint bench k8s image push clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,17 +29,27 @@ tools: venv
 	bash tools/install-helm.sh
 	bash tools/install-prometheus.sh
 
+# The container runtime of the end-to-end tests: podman + runc, netavark, debootstrap.
+e2e-tools:
+	bash tools/install-podman.sh
+
 run: venv
 	$(VENV)/bin/ddp-trainer run --nproc-per-node $(NPROC) --dataset digits --output-dir outputs \
 		--metrics-bind-address 127.0.0.1 \
 		--set metrics.linger_seconds=0 $(RUN_ARGS)
 
-test: venv tools
+test: venv tools e2e-tools
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q
+
+# End to end (docs/e2e.md): the image built from the Dockerfile with podman, the chart's pods
+# played with the training operator's env, trained, killed, drained, resumed and scraped.
+e2e: venv tools e2e-tools
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q tests/e2e tests/image/test_built_image.py
 
 lint: venv
 	$(VENV)/bin/ruff check trainer tests benchmarks examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict --explicit-package-bases tests/e2e/harness
 	$(VENV)/bin/hadolint Dockerfile
 
 bench: venv
@@ -59,4 +69,4 @@ push: image
 	docker push $(IMAGE):$(TAG)
 
 clean:
-	rm -rf $(VENV) .tools outputs checkpoints .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools .cache outputs checkpoints .pytest_cache .mypy_cache .ruff_cache

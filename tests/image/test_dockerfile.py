@@ -43,9 +43,14 @@ def test_it_is_multi_stage_with_the_wheel_built_apart_from_the_runtime() -> None
     assert not docker.final.all("COPY") and not docker.final.all("ADD")
 
 
+def stage_args(stage: str) -> dict[str, str]:
+    return dict(a.args.partition("=")[::2] for a in parse().stage(stage).all("ARG"))
+
+
 @pytest.mark.parametrize("stage", ["wheel", "base-gpu", "base-cpu"])
 def test_base_images_are_pinned_to_a_version(stage: str) -> None:
-    image = parse().stage(stage).base
+    docker = parse()
+    image = resolve(docker.stage(stage).base, docker.global_args)  # the build args' defaults
     name, _, tag = image.partition(":")
     assert tag and tag != "latest" and re.match(r"\d", tag), image
     if stage == "base-gpu":  # an official CUDA PyTorch runtime (no compilers in it)
@@ -55,11 +60,28 @@ def test_base_images_are_pinned_to_a_version(stage: str) -> None:
 
 def test_the_cpu_variant_installs_the_same_torch_as_the_gpu_base() -> None:
     docker = parse()
-    torch = docker.stage("base-cpu").all("ARG")[0].args.partition("=")[2]
-    assert docker.stage("base-gpu").base.split(":")[1].startswith(f"{torch}-")
+    torch = stage_args("base-cpu")["TORCH_VERSION"]
+    gpu_base = resolve(docker.stage("base-gpu").base, docker.global_args)
+    assert gpu_base.split(":")[1].startswith(f"{torch}-")
     run = docker.stage("base-cpu").all("RUN")[0].args
-    assert "--index-url https://download.pytorch.org/whl/cpu" in run
+    assert stage_args("base-cpu")["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert '--index-url "${TORCH_INDEX_URL}"' in run
     assert '"torch==${TORCH_VERSION}"' in run
+
+
+def test_base_images_and_package_indexes_are_build_args_with_public_defaults() -> None:
+    """What a mirror or an air-gapped cluster changes, and nothing else."""
+    docker = parse()
+    assert docker.global_args == {
+        "VARIANT": "gpu", "PYTHON_IMAGE": "python:3.12-slim-bookworm",
+        "PYTORCH_IMAGE": "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime"}
+    assert [s.base for s in docker.stages] == [
+        "${PYTHON_IMAGE}", "${PYTORCH_IMAGE}", "${PYTHON_IMAGE}", "base-${VARIANT}"]
+    # Every pip install without its own --index-url reads PIP_INDEX_URL, declared in its stage.
+    for stage in docker.stages:
+        installs = [r.args for r in stage.all("RUN") if "pip install" in r.args]
+        if any("--index-url" not in r for r in installs):
+            assert stage_args(stage.name)["PIP_INDEX_URL"] == "https://pypi.org/simple", stage.name
 
 
 def test_every_pip_install_is_pinned_and_cacheless() -> None:
@@ -69,8 +91,10 @@ def test_every_pip_install_is_pinned_and_cacheless() -> None:
                 if "pip install" not in command:
                     continue
                 assert "--no-cache-dir" in command, command
-                packages = [w for w in command.split("pip install", 1)[1].split()
-                            if not w.startswith("-") and not w.startswith("https://")]
+                words = command.split("pip install", 1)[1].split()
+                values = {i + 1 for i, w in enumerate(words) if w == "--index-url"}
+                packages = [w for i, w in enumerate(words)
+                            if not w.startswith("-") and i not in values]
                 for package in packages:
                     assert "==" in package or package.endswith(".whl"), (package, command)
 

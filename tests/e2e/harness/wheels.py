@@ -1,0 +1,113 @@
+"""A local PEP 503 package index with every wheel the Dockerfile installs.
+
+The image build then runs with ``--network none``: the Dockerfile's ``PIP_INDEX_URL`` and
+``TORCH_INDEX_URL`` build args point at this index, bind-mounted into the build (what an
+air-gapped cluster's mirror does). torch is the CPU wheel on local disk (PyPI's torch is a
+multi-GB CUDA build); everything else is downloaded once from PyPI by the host's pip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from tests.image.dockerfile import REPO, parse
+
+# The base image's interpreter (Debian bookworm's python3, glibc 2.36): the wheels must fit it.
+PYTHON_VERSION = "3.11"
+PLATFORM_ARGS = ("--only-binary=:all:", "--python-version", PYTHON_VERSION, "--implementation",
+                 "cp", "--abi", "cp311", "--platform", "manylinux_2_28_x86_64", "--platform",
+                 "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform",
+                 "manylinux2014_x86_64")
+# Where the torch CPU wheel lies on these machines (E2E_WHEELS, os.pathsep-separated, first).
+DEFAULT_WHEEL_DIRS = ("/opt/wheels", str(REPO.parent / "shared" / "seed"))
+
+
+class WheelIndexError(RuntimeError):
+    """The local index could not be made (no torch wheel, a download failed)."""
+
+
+def torch_wheel() -> Path:
+    """The local torch CPU wheel for the base image's Python."""
+    dirs = [d for d in os.environ.get("E2E_WHEELS", "").split(os.pathsep) if d]
+    dirs += DEFAULT_WHEEL_DIRS
+    tag = "cp" + PYTHON_VERSION.replace(".", "")
+    for directory in dirs:
+        found = sorted(Path(directory).glob(f"torch-*+cpu-{tag}-{tag}-*x86_64.whl"))
+        if found:
+            return found[-1]
+    raise WheelIndexError(f"no torch CPU wheel for Python {PYTHON_VERSION} in {dirs} "
+                          "(fix: put torch-<version>+cpu-cp311-...whl there or set E2E_WHEELS)")
+
+
+def torch_version(wheel: Path) -> str:
+    """'2.13.0' from 'torch-2.13.0+cpu-cp311-...whl'."""
+    return wheel.name.split("-")[1].split("+")[0]
+
+
+def dockerfile_pins(torch: str) -> list[str]:
+    """Every ``name==version`` the Dockerfile's RUN lines install, torch at `torch`."""
+    pins: list[str] = []
+    for stage in parse().stages:
+        for run in stage.all("RUN"):
+            words = run.args.replace('"', " ").split()
+            pins += [w for w in words if re.fullmatch(r"[A-Za-z0-9._-]+==\S+", w)]
+    return sorted({p.replace("${TORCH_VERSION}", torch) for p in pins})
+
+
+def project_name(wheel_file: str) -> str:
+    """PEP 503 normalized project name of a wheel file name."""
+    return re.sub(r"[-_.]+", "-", wheel_file.split("-")[0]).lower()
+
+
+def write_simple_index(root: Path) -> None:
+    """``root/simple/<project>/index.html`` linking the wheels in ``root/files``."""
+    projects: dict[str, list[str]] = {}
+    for wheel in sorted((root / "files").glob("*.whl")):
+        projects.setdefault(project_name(wheel.name), []).append(wheel.name)
+    for name, files in projects.items():
+        page = root / "simple" / name
+        page.mkdir(parents=True, exist_ok=True)
+        (page / "index.html").write_text(_html(f"../../files/{f}" for f in files))
+    (root / "simple" / "index.html").write_text(_html(f"{n}/" for n in projects))
+
+
+def _html(links: Iterable[str]) -> str:
+    anchors = "".join(f'<a href="{link}">{link.rsplit("/", 1)[-1] or link}</a><br>\n'
+                      for link in links)
+    return f"<!DOCTYPE html>\n<html><body>\n{anchors}</body></html>\n"
+
+
+def local_index(cache: Path) -> tuple[Path, str]:
+    """(index root, torch version): made once per set of pins, reused after."""
+    wheel = torch_wheel()
+    torch = torch_version(wheel)
+    pins = dockerfile_pins(torch)
+    key = hashlib.sha256("\n".join([wheel.name, *pins, *PLATFORM_ARGS]).encode()).hexdigest()
+    root = cache / f"index-{key[:16]}"
+    if (root / ".complete").exists():
+        return root, torch
+    shutil.rmtree(root, ignore_errors=True)
+    files = root / "files"
+    files.mkdir(parents=True)
+    shutil.copy2(wheel, files / wheel.name)
+    # The local torch is already in `files`, so pip takes it from there (and only its
+    # dependencies from PyPI) instead of resolving torch on PyPI.
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+               *PLATFORM_ARGS, "--find-links", str(files), "--dest", str(files), *pins]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        raise WheelIndexError(
+            f"pip download of the Dockerfile's pins failed:\n{proc.stderr[-3000:]}")
+    if any(project_name(w.name).startswith("nvidia-") for w in files.glob("*.whl")):
+        raise WheelIndexError("pip resolved a CUDA torch (nvidia-* wheels): the local CPU wheel "
+                              f"{wheel} does not satisfy the pins {pins}")
+    write_simple_index(root)
+    (root / ".complete").write_text("\n".join(pins) + "\n")
+    return root, torch
