@@ -59,7 +59,10 @@ LABEL org.opencontainers.image.title="ddp-trainer" \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# The trainer's dependencies and theirs, pinned (the versions the test suite was run with).
+# The trainer's dependencies and theirs, pinned (the versions the test suite was run with),
+# plus the parts of the `data` extra every image needs: pyarrow (CSV) and Pillow (image
+# folders). Arrow `save_to_disk` directories and Parquet also need Hugging Face `datasets`:
+# add it in your own image (README "Your data").
 # torch is not listed: the base provides it (with its own dependencies) and `torch>=2.4` is
 # already satisfied, so pip never replaces it. The wheel comes in through a bind mount, so no
 # layer keeps it.
@@ -75,6 +78,8 @@ RUN --mount=type=bind,from=wheel,source=/dist,target=/wheels \
         PyYAML==6.0.4 \
         prometheus-client==0.26.0 \
         tqdm==4.70.1 \
+        pyarrow==26.0.1 \
+        pillow==13.0.0 \
     && ddp-trainer --version
 
 # Fixed non-root user; the directories the pod mounts exist and belong to it so the image
