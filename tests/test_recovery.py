@@ -78,11 +78,6 @@ def _uninterrupted(out: Path, *extra: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _uninterrupted(tmp_path_factory.mktemp("uninterrupted"))
-
-
-@pytest.fixture(scope="module")
 def uninterrupted_modern(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _uninterrupted(tmp_path_factory.mktemp("uninterrupted-modern"), *MODERN)
 
@@ -115,20 +110,15 @@ def _kill_a_rank_and_compare(tmp_path: Path, reference: Path, *extra: str) -> No
     _assert_same_as_uninterrupted(tmp_path, reference, resumed_at)
 
 
-def test_killed_rank_restarts_and_matches_an_uninterrupted_run(
-        tmp_path: Path, uninterrupted: Path) -> None:
-    _kill_a_rank_and_compare(tmp_path, uninterrupted)
-
-
 def test_adamw_cosine_warmup_bf16_clipping_resume_matches_an_uninterrupted_run(
         tmp_path: Path, uninterrupted_modern: Path) -> None:
     _kill_a_rank_and_compare(tmp_path, uninterrupted_modern, *MODERN)
 
 
 def test_sigterm_checkpoints_exits_retryable_and_restart_matches(
-        tmp_path: Path, uninterrupted: Path) -> None:
+        tmp_path: Path, uninterrupted_modern: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    proc = _popen("run", "--nproc-per-node", "2", *LONG, "--output-dir", str(tmp_path),
+    proc = _popen("run", "--nproc-per-node", "2", *LONG, *MODERN, "--output-dir", str(tmp_path),
                   "--checkpoint-dir", str(ckpt))
     _wait_for_checkpoint(ckpt, proc)
     proc.send_signal(signal.SIGTERM)  # what the kubelet does to the pod's PID 1
@@ -138,11 +128,11 @@ def test_sigterm_checkpoints_exits_retryable_and_restart_matches(
     stopped_at = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0])
     newest = checkpoint.list_checkpoints(ckpt)[0]
     assert newest.name == f"ckpt-{stopped_at:09d}.pt"  # saved where it stopped, not earlier
-    proc2 = run_cli("run", "--nproc-per-node", "2", *LONG, "--output-dir", str(tmp_path),
+    proc2 = run_cli("run", "--nproc-per-node", "2", *LONG, *MODERN, "--output-dir", str(tmp_path),
                     "--checkpoint-dir", str(ckpt), timeout=400)
     assert proc2.returncode == 0, proc2.stderr
     assert read_json(tmp_path / "summary.json")["resumed_from_step"] == stopped_at
-    _assert_same_as_uninterrupted(tmp_path, uninterrupted, stopped_at)
+    _assert_same_as_uninterrupted(tmp_path, uninterrupted_modern, stopped_at)
 
 
 def test_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path) -> None:

@@ -21,6 +21,8 @@ from trainer import __version__
 from trainer.config import DistConfig, JobConfig, build_config
 from trainer.errors import RankLost, TrainerError
 
+log = logging.getLogger(__name__)
+
 # flag -> (section, key, type)
 CONFIG_FLAGS: dict[str, tuple[str, str, type]] = {
     "--dataset": ("data", "dataset", str),
@@ -125,6 +127,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 # Flags the launcher itself reads when it runs a user script (the script reads its own).
 LAUNCHER_FLAGS = ("--metrics-port", "--metrics-bind-address", "--timeout")
+LAUNCHER_SECTIONS = ("metrics", "dist")
+"""`--set` sections the launcher reads in script mode (its endpoint, linger and timeouts)."""
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -135,14 +139,17 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
     if ns.script:
+        foreign_sets = [item for item in ns.set
+                        if item.partition(".")[0] not in LAUNCHER_SECTIONS]
         extra = [f for f in CONFIG_FLAGS if _flag_value(ns, f) is not None
-                 and f not in LAUNCHER_FLAGS] + (["--config"] if ns.config else []) + (
-                     ["--set"] if ns.set else [])
+                 and f not in LAUNCHER_FLAGS] + (["--config"] if ns.config else []) + [
+                     f"--set {item}" for item in foreign_sets]
         if extra:
             raise TrainerError(f"run {ns.script}: {', '.join(extra)} would be ignored (a script "
                                "builds its own config)",
                                "pass them to your script after its name, or drop them; only "
-                               f"{', '.join(LAUNCHER_FLAGS)} are read by the launcher")
+                               f"{', '.join(LAUNCHER_FLAGS)} and --set "
+                               f"{'/'.join(LAUNCHER_SECTIONS)}.* are read by the launcher")
         if not os.path.isfile(ns.script):
             raise TrainerError(f"script {ns.script} does not exist",
                                "pass the path of a Python file that calls trainer.fit()")
@@ -159,7 +166,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return launch(rank_argv, ns.nproc_per_node, ns.max_restarts, cfg.dist.timeout_seconds,
                       exporter.env, ns.debug)
     finally:
-        if exporter.port:  # the ranks are gone; let a scrape see their final values
+        if exporter.port and cfg.metrics.linger_seconds > 0:
+            # The ranks are gone; let a scrape see their final values.
+            log.info("serving the final metrics on :%d for %g s (metrics.linger_seconds; "
+                     "SIGTERM or Ctrl-C ends it)", exporter.port, cfg.metrics.linger_seconds)
             linger(cfg.metrics.linger_seconds)
         exporter.close()
 

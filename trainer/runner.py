@@ -123,7 +123,10 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         if trainer is not None:
             trainer.writer.close()
         if metrics is not None:
-            if metrics.port:  # this process serves the endpoint: let a scrape see the end
+            if metrics.port and cfg.metrics.linger_seconds > 0:
+                # This process serves the endpoint: let a scrape see the end.
+                log.info("serving the final metrics on :%d for %g s (metrics.linger_seconds; "
+                         "SIGTERM ends it)", metrics.port, cfg.metrics.linger_seconds)
                 linger(cfg.metrics.linger_seconds)
             metrics.close()
         if not group_broken:  # tearing down a broken group can hang or abort the process

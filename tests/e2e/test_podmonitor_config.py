@@ -41,8 +41,9 @@ def test_it_keeps_running_pods_of_the_selector_on_the_metrics_port(tmp_path: Pat
         ("__meta_kubernetes_pod_container_port_name",): "metrics"}
     assert {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"],
             "regex": "(Failed|Succeeded)"} in rules
-    assert rules[-3:] == [
-        {"source_labels": [f"__meta_kubernetes_pod_label_training_kubeflow_org_{k}"],
-         "target_label": t, "action": "replace"}
-        for k, t in (("job_name", "pytorchjob"), ("replica_type", "replica_type"),
-                     ("replica_index", "replica_index"))]
+    assert rules[-4:] == [
+        *({"source_labels": [f"__meta_kubernetes_pod_label_training_kubeflow_org_{k}"],
+           "target_label": t, "action": "replace"}
+          for k, t in (("job_name", "pytorchjob"), ("replica_type", "replica_type"),
+                       ("replica_index", "replica_index"))),
+        {"replacement": "PyTorchJob", "target_label": "job_kind", "action": "replace"}]

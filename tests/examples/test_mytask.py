@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, read_json, run_cli
+from conftest import REPO, free_port, read_json, run_cli
 
 EXAMPLE = REPO / "examples" / "mytask"
 ENV = {"PYTHONPATH": f"{REPO}:{EXAMPLE}"}
@@ -67,8 +67,8 @@ def test_example_evaluates_bit_identically_on_1_2_3_ranks(full_run: tuple[str, P
     assert len({(r["correct"], r["accuracy"]) for r in results}) == 1, results
     assert 0 < results[0]["correct"] < 481
     final = read_json(out / "summary.json")
-    proc = run_cli("evaluate", "--checkpoint", str(saved[-1]),
-                   "--nproc-per-node", "3", "--output-dir", str(tmp_path / "last"), env=ENV)
+    proc = run_cli("evaluate", "--checkpoint", str(saved[-1]), "--output-dir",
+                   str(tmp_path / "last"), env=ENV)
     assert proc.returncode == 0, proc.stderr
     assert read_json(tmp_path / "last" / "eval.json")["correct"] == final["val_correct"]
 
@@ -102,7 +102,10 @@ def test_custom_step_by_import_path_trains(tmp_path: Path) -> None:
 
 
 def test_user_script_runs_on_every_rank_through_the_launcher(tmp_path: Path) -> None:
-    proc = run_cli("run", "--nproc-per-node", "2", "--metrics-port", "0",
+    # The launcher serves both ranks (the script's fit() sees its environment) and stops
+    # serving at once.
+    proc = run_cli("run", "--nproc-per-node", "2", "--metrics-port", str(free_port()),
+                   "--metrics-bind-address", "127.0.0.1", "--set", "metrics.linger_seconds=0",
                    str(EXAMPLE / "train_script.py"), "--epochs", "2", "--output-dir",
                    str(tmp_path), env=ENV)
     assert proc.returncode == 0, proc.stderr
@@ -112,10 +115,12 @@ def test_user_script_runs_on_every_rank_through_the_launcher(tmp_path: Path) -> 
 
 
 def test_script_mode_rejects_trainer_flags_the_script_would_not_see(tmp_path: Path) -> None:
-    proc = run_cli("run", "--nproc-per-node", "2", "--epochs", "3",
-                   str(EXAMPLE / "train_script.py"), env=ENV)
+    proc = run_cli("run", "--nproc-per-node", "2", "--epochs", "3", "--set", "train.seed=1",
+                   "--set", "metrics.linger_seconds=0", str(EXAMPLE / "train_script.py"),
+                   env=ENV)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "--epochs would be ignored" in proc.stderr and "(fix:" in proc.stderr
+    assert "--epochs, --set train.seed=1 would be ignored" in proc.stderr, proc.stderr
+    assert "(fix:" in proc.stderr
 
 
 def test_an_error_in_a_user_script_is_one_line_with_its_exit_code(tmp_path: Path) -> None:
