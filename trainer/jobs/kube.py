@@ -231,12 +231,16 @@ def connect(target: Target) -> Cluster:
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
+    # kubernetes >= 37 ships type hints but not on these config loaders (older releases have
+    # none): the ignores cover both.
     configuration = client.Configuration()
     path = target.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
     paths = [Path(p).expanduser() for p in path.split(os.pathsep) if p]
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
     if not target.kubeconfig and not any(p.is_file() for p in paths) and in_cluster:
-        config.load_incluster_config(client_configuration=configuration)
+        config.load_incluster_config(  # type: ignore[no-untyped-call, unused-ignore]
+            client_configuration=configuration
+        )
         context = "in-cluster"
         namespace = target.namespace or _service_account_namespace()
     else:
@@ -249,7 +253,9 @@ def connect(target: Target) -> Cluster:
             )
         joined = os.pathsep.join(str(p) for p in paths if p.is_file())
         try:
-            contexts, active = config.list_kube_config_contexts(config_file=joined)
+            contexts, active = config.list_kube_config_contexts(  # type: ignore[no-untyped-call, unused-ignore]
+                config_file=joined
+            )
         except ConfigException as exc:
             raise KubeconfigError(
                 f"kubeconfig {joined} has no usable context: {_first_line(exc)}",
@@ -262,7 +268,7 @@ def connect(target: Target) -> Cluster:
                 f"use one of: {', '.join(names) or '(none)'}",
             )
         try:
-            config.load_kube_config(
+            config.load_kube_config(  # type: ignore[no-untyped-call, unused-ignore]
                 config_file=joined,
                 context=target.context,
                 client_configuration=configuration,

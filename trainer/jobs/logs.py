@@ -98,6 +98,10 @@ def iter_lines(chunks: Iterable[bytes]) -> Iterator[str]:
         yield pending
 
 
+FOLLOW_SILENCE_S = 7 * 24 * 3600.0
+"""How long a followed log may go without a line before the read gives up."""
+
+
 def split_timestamp(raw: str) -> tuple[tuple[int, int], str]:
     """Split kubelet's RFC 3339 nanosecond prefix: ((unix seconds, nanoseconds), message).
 
@@ -127,8 +131,9 @@ def _read(cluster: Cluster, pod: PodView, *, tail: int | None, follow: bool, tim
     }
     if tail is not None:
         kwargs["tail_lines"] = tail
-    # Connect within the timeout; a followed log may then be silent for as long as it likes.
-    kwargs["_request_timeout"] = (cluster.timeout, None if follow else cluster.timeout)
+    # Connect within the timeout; a followed log may then be silent for up to a week
+    # (kubernetes >= 37 validates the pair and refuses None, "no read timeout").
+    kwargs["_request_timeout"] = (cluster.timeout, FOLLOW_SILENCE_S if follow else cluster.timeout)
     with cluster.errors(f"read the log of pod {pod.name}"):
         try:
             return cluster.core.read_namespaced_pod_log(pod.name, cluster.namespace, **kwargs)
