@@ -114,6 +114,17 @@ def test_user_script_runs_on_every_rank_through_the_launcher(tmp_path: Path) -> 
     assert proc.stdout.count("val accuracy") == 2  # printed by the script on both ranks
 
 
+def test_script_under_a_launcher_with_metrics_off_exports_nothing(tmp_path: Path) -> None:
+    # The script's own config keeps the default port; the launcher's --metrics-port 0 wins,
+    # so no rank serves (or lingers on) an endpoint.
+    proc = run_cli("run", "--nproc-per-node", "2", "--metrics-port", "0",
+                   str(EXAMPLE / "train_script.py"), "--epochs", "1", "--output-dir",
+                   str(tmp_path), env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert read_json(tmp_path / "summary.json")["epochs"] == 1
+    assert "serving" not in proc.stderr, proc.stderr
+
+
 def test_script_mode_rejects_trainer_flags_the_script_would_not_see(tmp_path: Path) -> None:
     proc = run_cli("run", "--nproc-per-node", "2", "--epochs", "3", "--set", "train.seed=1",
                    "--set", "metrics.linger_seconds=0", str(EXAMPLE / "train_script.py"),

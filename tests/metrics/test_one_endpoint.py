@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.metrics.helpers import (
     FAKE_RANK,
@@ -24,7 +25,7 @@ from tests.metrics.helpers import (
 from tests.support.prometheus import free_port
 from trainer.config import MetricsConfig
 from trainer.errors import ConfigError
-from trainer.metrics import ENV_DIR, start_launcher_exporter
+from trainer.metrics import ENV_DIR, NullSink, RunInfo, build_metrics, start_launcher_exporter
 
 pytestmark = pytest.mark.slow
 
@@ -107,9 +108,20 @@ def test_restarted_rank_continues_counters_and_replaces_gauges() -> None:
     assert value(text, "trainer_loss", rank="0", split="train") == 0.5
 
 
-def test_metrics_port_zero_gives_ranks_no_environment() -> None:
+def test_metrics_port_zero_turns_the_ranks_metrics_off(monkeypatch: pytest.MonkeyPatch) -> None:
     exporter = start_launcher_exporter(MetricsConfig(port=0), 2)
-    assert exporter.env == {} and exporter.port == 0
+    assert exporter.port == 0
+    for key, val in exporter.env.items():
+        monkeypatch.setenv(key, val)
+    # A rank whose own config asks for a port (a user script's fit()) still exports nothing.
+    registry = CollectorRegistry()
+    sink = build_metrics(MetricsConfig(port=free_port(), bind_address="127.0.0.1"),
+                         RunInfo(rank=0, local_rank=0, world_size=2, local_world_size=2,
+                                 backend="gloo", strategy="ddp", model="mlp",
+                                 dataset="digits", device="cpu", version="0"),
+                         registry)
+    assert isinstance(sink, NullSink) and list(registry.collect()) == []
+    sink.close()
     exporter.close()
 
 

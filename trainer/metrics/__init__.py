@@ -21,6 +21,7 @@ from trainer.metrics import trainjob_status
 from trainer.metrics.families import MetricValue, RunInfo, TrainerMetrics
 from trainer.metrics.serve import (
     ENV_DIR,
+    ENV_OFF,
     PROMETHEUS_ENV_DIR,
     HttpEndpoint,
     LauncherExporter,
@@ -35,6 +36,7 @@ from trainer.metrics.serve import (
 
 __all__ = [
     "ENV_DIR",
+    "ENV_OFF",
     "PROMETHEUS_ENV_DIR",
     "FanOut",
     "LauncherExporter",
@@ -150,7 +152,8 @@ def _prometheus_sink(
 ) -> MetricsSink:
     """The Prometheus sink of one rank (see :mod:`trainer.metrics.serve` for the modes).
 
-    * ``cfg.port == 0``: a no-op sink.
+    * ``cfg.port == 0``, or ``DDP_TRAINER_METRICS_OFF=1`` (a launcher with metrics off): a
+      no-op sink.
     * ``DDP_TRAINER_METRICS_DIR`` set (by ``ddp-trainer run``): write values to that
       multiprocess directory; the launcher serves them.
     * otherwise, one local rank: serve `registry` on ``cfg.bind_address:cfg.port``.
@@ -160,7 +163,7 @@ def _prometheus_sink(
     `registry` defaults to a fresh one (never prometheus_client's global registry).
     Raises :class:`MetricsPortInUse` (a ConfigError) when the port cannot be bound.
     """
-    if cfg.port == 0:
+    if cfg.port == 0 or os.environ.get(ENV_OFF) == "1":
         return NullSink()
 
     launcher_dir = os.environ.get(ENV_DIR)

@@ -32,6 +32,10 @@ from trainer.errors import ConfigError
 ENV_DIR = "DDP_TRAINER_METRICS_DIR"
 """Set by the launcher for its ranks: the multiprocess directory the launcher serves."""
 
+ENV_OFF = "DDP_TRAINER_METRICS_OFF"
+"""Set to ``1`` by a launcher whose metrics are off (``--metrics-port 0``): its ranks export
+nothing, whatever their own config says (a user script builds its config itself)."""
+
 PROMETHEUS_ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
 """prometheus_client's own switch; also set so that it picks mmap values at import."""
 
@@ -155,7 +159,8 @@ def start_launcher_exporter(cfg: MetricsConfig, nproc_per_node: int) -> Launcher
     """Serve every local rank's metrics from the launcher process on ``cfg.port``.
 
     Returns an exporter whose ``env`` tells the ranks to write into its directory instead
-    of binding the port. ``cfg.port == 0`` returns an inert exporter with an empty env.
+    of binding the port. ``cfg.port == 0`` returns an exporter that serves nothing and whose
+    env turns the ranks' metrics off (:data:`ENV_OFF`).
     The directory is fresh (mkdtemp), so no values of an earlier run leak in; it lives as
     long as the launcher, so counters of ranks restarted by the elastic agent continue.
     """
@@ -164,7 +169,7 @@ def start_launcher_exporter(cfg: MetricsConfig, nproc_per_node: int) -> Launcher
             f"nproc_per_node must be >= 1, got {nproc_per_node}", "pass --nproc-per-node 1 or more"
         )
     if cfg.port == 0:
-        return LauncherExporter(env={})
+        return LauncherExporter(env={ENV_OFF: "1"})
     directory = Path(tempfile.mkdtemp(prefix="ddp-trainer-metrics-"))
     try:
         endpoint = serve(multiprocess_registry(directory), cfg)
