@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -201,11 +203,27 @@ def test_a_hung_rank_becomes_a_clear_error_within_the_timeout(tmp_path: Path) ->
     stopped = _rank_pid(proc.pid, 1)
     os.kill(stopped, signal.SIGSTOP)  # alive but unresponsive, like a wedged GPU
     t0 = time.monotonic()
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put("")  # end of stream
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
     try:
-        _, err = proc.communicate(timeout=120)
+        while not any("another rank stopped responding or died" in x for x in seen):
+            line = lines.get(timeout=max(0.1, t0 + 8 + 30 - time.monotonic()))
+            assert line, "".join(seen)  # the launcher ended without the error
+            seen.append(line)
+        # The healthy rank names the lost rank within the collective timeout (plus start-up
+        # of the error path), not after the agent's shutdown grace.
+        assert time.monotonic() - t0 < 8 + 30, "".join(seen)
     finally:
+        # What the kubelet does to a wedged container; the agent then ends at once.
         with contextlib.suppress(ProcessLookupError):
             os.kill(stopped, signal.SIGKILL)
+        proc.wait(timeout=120)
     assert proc.returncode not in (0, None)
-    assert "another rank stopped responding or died" in err, err
-    assert time.monotonic() - t0 < 8 + 60  # timeout plus the agent's shutdown grace
