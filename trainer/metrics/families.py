@@ -97,15 +97,16 @@ class TrainerMetrics:
         self.loss = {s: loss.labels(rank, s) for s in SPLITS}
         self.accuracy = {s: accuracy.labels(rank, s) for s in SPLITS}
 
-        self.steps = Counter(
-            "trainer_steps", "Optimizer steps taken by this rank.", ["rank"], registry=registry
-        ).labels(rank)
-        self.samples = Counter(
-            "trainer_samples",
-            "Training samples processed by this rank.",
-            ["rank"],
-            registry=registry,
-        ).labels(rank)
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, ["rank"], registry=registry).labels(rank)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(
+                name, doc, ["rank"], registry=registry, multiprocess_mode="mostrecent"
+            ).labels(rank)
+
+        self.steps = counter("trainer_steps", "Optimizer steps taken by this rank.")
+        self.samples = counter("trainer_samples", "Training samples processed by this rank.")
         self.step_duration = Histogram(
             "trainer_step_duration_seconds",
             "Host wall time of one optimizer step on this rank.",
@@ -113,25 +114,16 @@ class TrainerMetrics:
             registry=registry,
             buckets=STEP_BUCKETS,
         ).labels(rank)
-        self.data_wait = Counter(
+        self.data_wait = counter(
             "trainer_data_wait_seconds",
             "Seconds this rank was blocked waiting for the next batch from the DataLoader; "
             "its rate is the fraction of wall time the rank is input-bound.",
-            ["rank"],
-            registry=registry,
-        ).labels(rank)
-        self.restarts = Counter(
+        )
+        self.restarts = counter(
             "trainer_restarts",
             "Restarts of the worker group (TORCHELASTIC_RESTART_COUNT) or of the pod "
             "seen by this rank.",
-            ["rank"],
-            registry=registry,
-        ).labels(rank)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(
-                name, doc, ["rank"], registry=registry, multiprocess_mode="mostrecent"
-            ).labels(rank)
+        )
 
         self.lr = gauge("trainer_learning_rate", "Current learning rate of the optimizer.")
         self.grad_norm = gauge(
@@ -139,12 +131,10 @@ class TrainerMetrics:
             "Largest global L2 norm of the gradients before clipping in the last log interval "
             "(only with optim.grad_clip > 0).",
         )
-        self.skipped_steps = Counter(
+        self.skipped_steps = counter(
             "trainer_skipped_steps",
             "Optimizer steps skipped by the fp16 GradScaler (inf/NaN gradients).",
-            ["rank"],
-            registry=registry,
-        ).labels(rank)
+        )
         self.epoch = gauge("trainer_epoch", "Current epoch (0-based).")
         self.progress = gauge(
             "trainer_progress_ratio", "Global step divided by the planned steps (0-1)."
