@@ -166,11 +166,8 @@ def agree_resume(directory: Path | None, ctx: DistContext,
     if directory is None:
         return None
     if not ctx.initialized:
-        found = checkpoint.latest_payload(directory)
-        if found is None:
-            return None
-        payload, path = found
-        return Resumed(checkpoint.deserialize(payload, str(path)), path.name, sent=False)
+        loaded = checkpoint.load_latest(directory)
+        return None if loaded is None else Resumed(loaded[0], loaded[1].name, sent=False)
     with collective("choosing the checkpoint to resume from", timeout_seconds):
         return _agree_resume(directory, ctx)
 
