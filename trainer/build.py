@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from trainer import data, models, plugins, steps
 from trainer.config import JobConfig
 from trainer.data import DataSplits, IndexView
-from trainer.distributed import DistContext
+from trainer.distributed import DistContext, is_distributed
 from trainer.errors import ConfigError
 from trainer.loaders import (
     TrainSampler,
@@ -133,12 +133,18 @@ class TrainParts:
     """None: fp32."""
 
 
+def check_strategy(strategy: str, ctx: DistContext) -> None:
+    """DataParallel runs in one process: refuse it in a distributed job (checked before the
+    rendezvous, see :mod:`trainer.runner`)."""
+    if strategy == "dp" and is_distributed(ctx):
+        raise ConfigError("train.strategy 'dp' (DataParallel) runs in one process, but "
+                          f"WORLD_SIZE is {ctx.world_size}",
+                          "use --strategy ddp with several ranks")
+
+
 def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
+    check_strategy(strategy, ctx)
     if strategy == "dp":
-        if ctx.world_size > 1:
-            raise ConfigError("train.strategy 'dp' (DataParallel) runs in one process, but "
-                              f"WORLD_SIZE is {ctx.world_size}",
-                              "use --strategy ddp with several ranks")
         warnings.warn("DataParallel is single-process and re-scatters the model every step; "
                       "DistributedDataParallel (--strategy ddp) is recommended", stacklevel=2)
         return nn.DataParallel(model)

@@ -21,8 +21,6 @@ from trainer import __version__
 from trainer.config import DistConfig, JobConfig, build_config
 from trainer.errors import RankLost, TrainerError
 
-log = logging.getLogger(__name__)
-
 # flag -> (section, key, type)
 CONFIG_FLAGS: dict[str, tuple[str, str, type]] = {
     "--dataset": ("data", "dataset", str),
@@ -166,11 +164,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return launch(rank_argv, ns.nproc_per_node, ns.max_restarts, cfg.dist.timeout_seconds,
                       exporter.env, ns.debug)
     finally:
-        if exporter.port and cfg.metrics.linger_seconds > 0:
-            # The ranks are gone; let a scrape see their final values.
-            log.info("serving the final metrics on :%d for %g s (metrics.linger_seconds; "
-                     "SIGTERM or Ctrl-C ends it)", exporter.port, cfg.metrics.linger_seconds)
-            linger(cfg.metrics.linger_seconds)
+        linger(cfg.metrics.linger_seconds, exporter.port)  # the ranks are gone; their values stay
         exporter.close()
 
 

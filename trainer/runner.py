@@ -17,10 +17,10 @@ from torch import nn
 
 from trainer import __version__, checkpoint
 from trainer.agreement import agree_resume, collective
-from trainer.build import Workload, build_parts, build_workload, preflight
+from trainer.build import Workload, build_parts, build_workload, check_strategy, preflight
 from trainer.compiling import check_available
 from trainer.config import JobConfig, merge, validate
-from trainer.distributed import DistContext, is_distributed, join, plan_context, teardown
+from trainer.distributed import DistContext, join, plan_context, teardown
 from trainer.errors import AgreedStop, CheckpointError, ConfigError, DataError, RankLost
 from trainer.evaluation import evaluate
 from trainer.loaders import eval_loader, worker_options
@@ -59,10 +59,7 @@ def restart_count(starts: int | None) -> int:
 
 def _check_alone(cfg: JobConfig, ctx: DistContext) -> None:
     """What the config asks of this rank's environment (checked before the rendezvous)."""
-    if cfg.train.strategy == "dp" and is_distributed(ctx):
-        raise ConfigError("train.strategy 'dp' (DataParallel) runs in one process, but "
-                          f"WORLD_SIZE is {ctx.world_size}",
-                          "use --strategy ddp with several ranks")
+    check_strategy(cfg.train.strategy, ctx)
     Precision.check(cfg.train.precision, ctx.device)
     if cfg.train.compile:
         check_available()
@@ -123,11 +120,7 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         if trainer is not None:
             trainer.writer.close()
         if metrics is not None:
-            if metrics.port and cfg.metrics.linger_seconds > 0:
-                # This process serves the endpoint: let a scrape see the end.
-                log.info("serving the final metrics on :%d for %g s (metrics.linger_seconds; "
-                         "SIGTERM ends it)", metrics.port, cfg.metrics.linger_seconds)
-                linger(cfg.metrics.linger_seconds)
+            linger(cfg.metrics.linger_seconds, metrics.port)  # when this process serves
             metrics.close()
         if not group_broken:  # tearing down a broken group can hang or abort the process
             teardown(ctx, completed)

@@ -8,10 +8,13 @@ loop's check points, so all ranks see the request at the same step.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import types
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class StopFlag:
@@ -33,13 +36,16 @@ class StopFlag:
         self.requested = True
 
 
-def linger(seconds: float) -> None:
-    """Wait `seconds` (so a scraper sees the final values), or less if SIGTERM comes.
+def linger(seconds: float, port: int) -> None:
+    """Keep serving the metrics endpoint on `port` for `seconds` (so a scraper sees the final
+    values), or less if SIGTERM (or Ctrl-C) comes; nothing when `port` is 0 (not serving).
 
     Only from the main thread: it installs its own SIGTERM handler for the wait.
     """
-    if seconds <= 0:
+    if seconds <= 0 or not port:
         return
+    log.info("serving the final metrics on :%d for %g s (metrics.linger_seconds; SIGTERM or "
+             "Ctrl-C ends it)", port, seconds)
     done = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: done.set())
     try:
