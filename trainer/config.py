@@ -183,7 +183,8 @@ class CheckpointConfig:
     """Directory for checkpoints; empty disables checkpointing. A run that finds a valid
     checkpoint here resumes from it."""
     every: int = 0
-    """Also checkpoint every N optimizer steps (0: only at epoch ends)."""
+    """Checkpoint every N optimizer steps instead of at every epoch end (0: at every epoch
+    end). The end of training is always checkpointed."""
     keep: int = 3
     """How many of the newest checkpoints to keep."""
 

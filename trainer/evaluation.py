@@ -36,7 +36,6 @@ class EvalResult:
         return self.loss_sum / self.total if self.total else 0.0
 
 
-@torch.no_grad()
 def evaluate(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid: int,
              ctx: DistContext) -> tuple[EvalResult, EvalResult]:
     """Return (this rank's result, the exact global result).
@@ -46,12 +45,22 @@ def evaluate(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid: i
     forward-only pass needs no DDP, so there is no collective until the final reduction.
     The loss is weighted by each batch's count (sum of loss x count over sum of count).
     """
+    local = local_sums(model, step, loader, num_valid, ctx.device)
+    return result(local), result(reduce_sums(local, ctx))
+
+
+@torch.no_grad()
+def local_sums(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid: int,
+               device: torch.device) -> torch.Tensor:
+    """This rank's [correct, count, loss x count] as float64 (exact for integer counts up to
+    2^53), to be summed over ranks by :func:`reduce_sums` (or by a caller's own reduction
+    carrying more values: the Trainer adds its epoch loss sums to save a collective)."""
     was_training = model.training
     model.eval()
     # Accumulate on the device: one host sync at the end instead of one per batch.
-    correct = torch.zeros((), dtype=torch.int64, device=ctx.device)
-    count = torch.zeros((), dtype=torch.int64, device=ctx.device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    count = torch.zeros((), dtype=torch.int64, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0
     for batch in loader:
         size = batch_len(batch)
@@ -61,19 +70,23 @@ def evaluate(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid: i
             continue
         if n_real < size:
             batch = take(batch, n_real)
-        out = as_output(step(model, to_device(batch, ctx.device)))
+        out = as_output(step(model, to_device(batch, device)))
         correct += out.correct
         count += out.count
         loss_sum += out.loss.detach().double() * out.count
-    local = torch.stack([correct.double(), count.double(), loss_sum])
-    local_result = _result(local)
-    if ctx.initialized:
-        # float64 holds integer counts exactly up to 2^53 samples.
-        dist.all_reduce(local, op=dist.ReduceOp.SUM)
     model.train(was_training)
-    return local_result, _result(local)
+    return torch.stack([correct.double(), count.double(), loss_sum])
 
 
-def _result(t: torch.Tensor) -> EvalResult:
-    correct, total, loss_sum = t.tolist()
+def reduce_sums(sums: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """The sums over all ranks (a collective when distributed)."""
+    total = sums.clone()
+    if ctx.initialized:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
+
+
+def result(sums: torch.Tensor) -> EvalResult:
+    """The result of [correct, count, loss x count] sums."""
+    correct, total, loss_sum = sums[:3].tolist()
     return EvalResult(int(correct), int(total), float(loss_sum))
