@@ -66,3 +66,37 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path: Path) -> None:
         checkpoint.save(tmp_path / "missing-subdir", 2, _state(2), keep=3)
     state, _ = checkpoint.load_latest(tmp_path)  # type: ignore[misc]
     assert state["step"] == 1
+
+
+def test_background_write_saves_the_state_as_it_was_when_submitted(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 1}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = opt.state_dict()["state"][0]["momentum_buffer"].clone()
+    writer = checkpoint.AsyncWriter()
+    path = writer.submit(tmp_path, 1, state, keep=3)
+    with torch.no_grad():  # training goes on while the write is in flight
+        for p in model.parameters():
+            p.add_(100.0)
+        opt.state[model.weight]["momentum_buffer"].add_(100.0)
+    assert writer.wait() == path
+    writer.close()
+    saved = checkpoint.read(path)
+    assert all(torch.equal(saved["model"][k], v) for k, v in before.items())
+    assert torch.equal(saved["optimizer"]["state"][0]["momentum_buffer"], momentum)
+    # The module-version metadata of a state_dict survives (load_state_dict reads it).
+    assert saved["model"]._metadata == model.state_dict()._metadata
+
+
+def test_background_write_failure_is_raised_by_wait_and_keeps_earlier_files(
+        tmp_path: Path) -> None:
+    writer = checkpoint.AsyncWriter()
+    writer.submit(tmp_path, 1, _state(1), keep=3)
+    writer.submit(tmp_path / "missing-subdir", 2, _state(2), keep=3)
+    with pytest.raises(CheckpointError, match="earlier checkpoints are kept"):
+        writer.wait()
+    writer.close()
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-000000001.pt"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import sys
@@ -365,7 +364,10 @@ class Trainer:
         values = torch.stack([*interval.losses, _total(interval.correct, self.ctx.device),
                               _total(interval.count, self.ctx.device), interval.grad_norm])
         *losses, correct, count, grad_norm = values.double().tolist()  # the interval's one sync
-        loss_sum = math.fsum(losses)
+        try:
+            loss_sum = math.fsum(losses)
+        except (ValueError, OverflowError):  # inf + -inf, or an overflow: diverged either way
+            loss_sum = math.inf
         if not math.isfinite(loss_sum):
             # Exported at once, so the loss-not-finite alert fires even though the job stops.
             self.metrics.log({"train/loss": loss_sum / len(losses)}, self.step)
@@ -416,8 +418,10 @@ class Trainer:
             self.step_log.parent.mkdir(parents=True, exist_ok=True)
             self._step_log_file = self.step_log.open("a", encoding="utf-8")
         first = self.step - len(losses) + 1
+        # The losses are finite floats here (see _flush), whose repr is their JSON: ~4x faster
+        # than json.dumps per line.
         self._step_log_file.write("".join(
-            json.dumps({"step": first + i, "epoch": self.epoch, "loss": value}) + "\n"
+            f'{{"step": {first + i}, "epoch": {self.epoch}, "loss": {value!r}}}\n'
             for i, value in enumerate(losses)))
         self._step_log_file.flush()  # in the kernel's hands at once: a crash loses no line
 
