@@ -276,17 +276,20 @@ class Trainer:
             at_ckpt = self._checkpoint_due() and micro < micro_total
             ends_epoch = micro == micro_total
             final = self._done() or (ends_epoch and self.epoch + 1 >= self.cfg.train.epochs)
-            if self.agreement.due(self.step) or at_ckpt or ends_epoch or final:
+            saved = at_ckpt or (ends_epoch and self._epoch_end_saved())
+            check = self.agreement.due(self.step) or saved or final
+            if check or ends_epoch:  # an interval never spans two epochs (their loss sums)
                 position = start_position + micro * positions_per_micro
-                diverged = self._flush(interval, planned, bar)
-                # Awaited where progress is saved (a checkpoint, the last step), so a diverged
-                # or stopped model is never written as progress; elsewhere it is read at the
-                # next check (each await is a barrier: ~1 ms on 2 CPU ranks).
-                saved = at_ckpt or (ends_epoch and self._epoch_end_saved())
-                verdict = self.agreement.exchange(self.step, diverged, interval.mean_step(),
-                                                  wait=saved or final)
+                mean_step = interval.mean_step()
+                self._flush(interval, planned, bar)
                 interval = _Interval(ctx.device)
-                self._act(verdict, position)
+                if check:
+                    # Awaited where progress is saved (a checkpoint, the last step), so a
+                    # diverged or stopped model is never written as progress; elsewhere read at
+                    # the next check (an await is a barrier: ~1 ms on 2 CPU ranks).
+                    verdict = self.agreement.exchange(self.step, self._diverged_value is not None,
+                                                      mean_step, wait=saved or final)
+                    self._act(verdict, position)
             if at_ckpt:
                 self._save(start_position + micro * positions_per_micro)
         if micro == micro_total:
@@ -358,9 +361,9 @@ class Trainer:
         final = self._done() or self.epoch + 1 >= self.cfg.train.epochs
         return every == 0 or self.step % every == 0 or final
 
-    def _flush(self, interval: _Interval, planned: int, bar: Any) -> bool:
-        """Read the interval's values (one device sync) and export them; True when this
-        rank's loss is not finite (the ranks then stop together, see _act)."""
+    def _flush(self, interval: _Interval, planned: int, bar: Any) -> None:
+        """Read the interval's values (one device sync) and export them. A loss that is not
+        finite is kept in `_diverged_value`: the next check stops every rank (see _act)."""
         values = torch.stack([*interval.losses, _total(interval.correct, self.ctx.device),
                               _total(interval.count, self.ctx.device), interval.grad_norm])
         *losses, correct, count, grad_norm = values.double().tolist()  # the interval's one sync
@@ -375,7 +378,7 @@ class Trainer:
                 log.warning("training loss became %s on this rank by step %d; stopping with "
                             "the other ranks at the next check", loss_sum, self.step)
             self._diverged_value = loss_sum
-            return True
+            return
         steps = len(losses)
         self.epoch_loss_sum += loss_sum
         self.epoch_loss_count += steps
@@ -409,7 +412,6 @@ class Trainer:
         elif self.ctx.is_main:
             log.info("epoch %d step %d loss %.4f acc %.3f", self.epoch, self.step, mean_loss,
                      accuracy)
-        return False
 
     def _append_step_log(self, losses: list[float]) -> None:
         """Rank 0's per-step loss, one JSON line per step (recomputed steps appear again)."""
