@@ -6,9 +6,9 @@
   writes), rank 0 sends the verified bytes to all.
 * **When to stop, and whether the loss diverged** (:class:`Agreement`): one reduction per check
   interval carries {SIGTERM seen, loss not finite, slowest step}. It runs asynchronously and
-  is read at the next check (so it never stalls a step), except at checkpoints, epoch ends and
-  the last step, where it is awaited (so a diverged or preempted model is never saved as
-  progress). Check intervals are ``train.log_every`` steps, shortened from the agreed slowest
+  is read at the next check (so it never stalls a step), except at checkpoints (an epoch end
+  that saves one included) and the last step, where it is awaited (so a diverged or preempted
+  model is never saved as progress). Check intervals are ``train.log_every`` steps, shortened from the agreed slowest
   step so that a request is seen within about ``train.stop_check_seconds``.
 * **Which failures mean a peer is gone** (:func:`collective`): a failure inside a collective.
   NCCL, the store and the network raise typed ``torch.distributed.DistError``s; gloo reports a
