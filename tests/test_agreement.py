@@ -135,8 +135,9 @@ def test_per_pod_checkpoints_resume_after_a_killed_rank_as_an_uninterrupted_run(
 @pytest.mark.parametrize("launcher", [False, True])
 def test_a_loss_that_overflows_on_one_rank_stops_every_rank_with_exit_3(
         tmp_path: Path, launcher: bool) -> None:
+    # log_seconds 0: a check every 5 steps exactly, however fast the steps.
     args = ["--dataset", "userplugins:one_extreme_sample", "--model", "mlp", "--epochs", "2",
-            "--log-every", "5", "--metrics-port", "0"]
+            "--log-every", "5", "--set", "train.log_seconds=0", "--metrics-port", "0"]
     if launcher:
         proc = run_cli("run", "--nproc-per-node", "2", *args, "--output-dir", str(tmp_path),
                        env={"PYTHONPATH": f"{REPO}:{FIXTURES}"}, timeout=300)
@@ -193,3 +194,25 @@ def test_torch_sampler_resume_replays_the_epoch_without_counting_its_loss_twice(
     assert len(replayed) == 90  # 1438 / 16 steps, trained again from the epoch's start
     assert summary["train_loss"] == pytest.approx(sum(replayed.values()) / len(replayed),
                                                   rel=1e-12)
+
+
+def _checks_every(log_every: int, step_seconds: float, log_seconds: float) -> int:
+    """Steps between checks once the ranks agreed on `step_seconds` (one process)."""
+    import torch
+
+    from trainer.agreement import Agreement
+    from trainer.distributed import DistContext
+    from trainer.stopping import StopFlag
+
+    ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
+    agreement = Agreement(ctx, StopFlag(), log_every, 15.0, 600.0, min_seconds=log_seconds)
+    agreement.exchange(log_every, False, step_seconds, wait=False)
+    return agreement.every
+
+
+def test_fast_steps_are_checked_about_every_log_seconds_slow_ones_within_the_stop_bound() -> None:
+    assert _checks_every(10, 0.003, 1.0) == 334  # 3 ms steps: a report a second, not 33
+    assert _checks_every(10, 0.003, 0.0) == 10  # log_seconds 0: every log_every steps
+    assert _checks_every(10, 0.2, 1.0) == 10  # slower than log_seconds / log_every: unchanged
+    assert _checks_every(10, 10.0, 1.0) == 1  # 15 s stop bound / (2 x 10 s): every step
+    assert _checks_every(10, 0.001, 100.0) == 7500  # never beyond the stop bound

@@ -8,8 +8,9 @@
   interval carries {SIGTERM seen, loss not finite, slowest step}. It runs asynchronously and
   is read at the next check (so it never stalls a step), except at checkpoints (an epoch end
   that saves one included) and the last step, where it is awaited (so a diverged or preempted
-  model is never saved as progress). Check intervals are ``train.log_every`` steps, shortened from the agreed slowest
-  step so that a request is seen within about ``train.stop_check_seconds``.
+  model is never saved as progress). Check intervals are ``train.log_every`` steps, lengthened
+  from the agreed slowest step to about ``train.log_seconds`` when steps are fast and shortened
+  so that a request is seen within about ``train.stop_check_seconds`` when they are slow.
 * **Which failures mean a peer is gone** (:func:`collective`): a failure inside a collective.
   NCCL, the store and the network raise typed ``torch.distributed.DistError``s; gloo reports a
   lost peer as a plain ``RuntimeError`` (torch 2.13: "Connection reset by peer" from gloo's
@@ -87,10 +88,12 @@ class Agreement:
     """
 
     def __init__(self, ctx: DistContext, stop: StopFlag, log_every: int,
-                 check_seconds: float, timeout_seconds: float) -> None:
+                 check_seconds: float, timeout_seconds: float, min_seconds: float = 0.0) -> None:
         self.ctx = ctx
         self.stop = stop
         self.log_every = log_every
+        self.min_seconds = min_seconds
+        """Least time between checks (``train.log_seconds``), from the agreed step time."""
         self.check_seconds = check_seconds
         self.timeout_seconds = timeout_seconds
         self.every = log_every
@@ -138,7 +141,8 @@ class Agreement:
         # The reduction is read one check later, so a request waits at most two intervals.
         if slowest_step > 0 and math.isfinite(slowest_step):
             fits = int(self.check_seconds / (2.0 * slowest_step))
-            self.every = max(1, min(self.log_every, fits))
+            least = math.ceil(self.min_seconds / slowest_step) if self.min_seconds > 0 else 0
+            self.every = max(1, min(max(self.log_every, least), fits))
         self._next = step + self.every
 
 

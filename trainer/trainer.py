@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -24,6 +23,7 @@ from trainer.config import JobConfig
 from trainer.distributed import DistContext
 from trainer.errors import Preempted, TrainingDiverged
 from trainer.evaluation import EvalResult, local_sums, reduce_sums, result
+from trainer.interval import Interval, StepLog, progress_bar
 from trainer.precision import Precision
 from trainer.steps import as_output
 from trainer.stopping import StopFlag
@@ -35,28 +35,6 @@ log = logging.getLogger(__name__)
 class MetricsLogger(Protocol):
     def log(self, metrics: Mapping[str, float | Sequence[float]], step: int) -> None: ...
     def close(self) -> None: ...
-
-
-class _Interval:
-    """What one log interval accumulates; tensors stay on the device until the flush."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.losses: list[torch.Tensor] = []
-        # Per-step counts are kept as they come (appending costs ~0.1 us, an in-place add on
-        # the device ~4 us) and summed with the interval's one sync.
-        self.correct: list[torch.Tensor | int] = []
-        self.count: list[torch.Tensor | int] = []
-        """Items scored (the step's count: samples, or non-ignored tokens)."""
-        self.samples = 0
-        self.wait = 0.0
-        self.step_times: list[float] = []
-        self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
-        """Largest pre-clip gradient norm of the interval (only when clipping)."""
-        self.skipped = 0
-        """fp16 steps the GradScaler skipped (inf/NaN gradients)."""
-
-    def mean_step(self) -> float:
-        return sum(self.step_times) / len(self.step_times) if self.step_times else 0.0
 
 
 class Trainer:
@@ -73,7 +51,8 @@ class Trainer:
         self.metrics = metrics
         self.stop = stop or StopFlag()
         self.agreement = Agreement(ctx, self.stop, cfg.train.log_every,
-                                   cfg.train.stop_check_seconds, cfg.dist.timeout_seconds)
+                                   cfg.train.stop_check_seconds, cfg.dist.timeout_seconds,
+                                   min_seconds=cfg.train.log_seconds)
         """Decides with the other ranks when to stop (SIGTERM, a diverged loss)."""
         self._diverged_value: float | None = None
         self.objects = dict(objects or {})
@@ -107,12 +86,13 @@ class Trainer:
         self.last_eval: EvalResult | None = None
         self.samples_this_run = 0
         """Samples this process trained since it started (for samples_per_second)."""
-        self.step_log = Path(cfg.output.dir) / "steps.jsonl" if cfg.output.step_log else None
+        self.step_log = (StepLog(Path(cfg.output.dir) / "steps.jsonl")
+                         if cfg.output.step_log and ctx.is_main else None)
+        """Rank 0's per-step losses (off: output.step_log false, or another rank)."""
         self.checkpoint_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
         self.writer = checkpoint.AsyncWriter()
         self._config = cfg.to_dict()
         """The config as checkpoints record it (built once: ~0.1 ms a save otherwise)."""
-        self._step_log_file: TextIO | None = None
 
     # -- checkpointable state ------------------------------------------------------------
     def state_dict(self, consumed: int | None) -> dict[str, Any]:
@@ -210,7 +190,7 @@ class Trainer:
             log.info("global batch %d = %d per rank x %d ranks x %d accumulation steps; %d "
                      "optimizer steps planned", self.plan.global_batch, self.plan.micro_batch,
                      self.ctx.world_size, self.plan.accum_steps, planned)
-        bar = _progress_bar(self.ctx.is_main, planned, self.step)
+        bar = progress_bar(self.ctx.is_main, planned, self.step)
         start = time.perf_counter()
         self.metrics.log({"run/resumed_step": float(self.resumed_step or 0)}, self.step)
         try:
@@ -231,9 +211,8 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
-            if self._step_log_file is not None:
-                self._step_log_file.close()
-                self._step_log_file = None
+            if self.step_log is not None:
+                self.step_log.close()
         return self._summary(time.perf_counter() - start)
 
     def _train_epoch(self, loader: Any, planned: int, bar: Any) -> int | None:
@@ -245,7 +224,7 @@ class Trainer:
         micro_total = len(loader)  # equal on every rank: the sampler pads short shards
         positions_per_micro = plan.micro_batch * ctx.world_size
         self.model.train()
-        interval = _Interval(ctx.device)
+        interval = Interval(ctx.device)
         it = iter(loader)
         micro = 0
         while micro < micro_total and not self._done():
@@ -282,7 +261,7 @@ class Trainer:
                 position = start_position + micro * positions_per_micro
                 mean_step = interval.mean_step()
                 self._flush(interval, planned, bar)
-                interval = _Interval(ctx.device)
+                interval = Interval(ctx.device)
                 if check:
                     # Awaited where progress is saved (a checkpoint, the last step), so a
                     # diverged or stopped model is never written as progress; elsewhere read at
@@ -296,7 +275,7 @@ class Trainer:
             return None
         return start_position + micro * positions_per_micro
 
-    def _update(self, interval: _Interval) -> None:
+    def _update(self, interval: Interval) -> None:
         """Clip, step the optimizer at the scheduled learning rate, count a skipped step."""
         clip = self.cfg.optim.grad_clip
         if clip > 0:
@@ -361,12 +340,10 @@ class Trainer:
         final = self._done() or self.epoch + 1 >= self.cfg.train.epochs
         return every == 0 or self.step % every == 0 or final
 
-    def _flush(self, interval: _Interval, planned: int, bar: Any) -> None:
+    def _flush(self, interval: Interval, planned: int, bar: Any) -> None:
         """Read the interval's values (one device sync) and export them. A loss that is not
         finite is kept in `_diverged_value`: the next check stops every rank (see _act)."""
-        values = torch.stack([*interval.losses, _total(interval.correct, self.ctx.device),
-                              _total(interval.count, self.ctx.device), interval.grad_norm])
-        *losses, correct, count, grad_norm = values.double().tolist()  # the interval's one sync
+        losses, correct, count, grad_norm = interval.totals()
         try:
             loss_sum = math.fsum(losses)
         except (ValueError, OverflowError):  # inf + -inf, or an overflow: diverged either way
@@ -383,8 +360,8 @@ class Trainer:
         self.epoch_loss_sum += loss_sum
         self.epoch_loss_count += steps
         self.samples_this_run += interval.samples
-        if self.step_log is not None and self.ctx.is_main:
-            self._append_step_log(losses)
+        if self.step_log is not None:
+            self.step_log.append(self.step, self.epoch, losses)
         mean_loss = loss_sum / steps
         accuracy = correct / count if count else 0.0
         metrics: dict[str, float | Sequence[float]] = {
@@ -412,20 +389,6 @@ class Trainer:
         elif self.ctx.is_main:
             log.info("epoch %d step %d loss %.4f acc %.3f", self.epoch, self.step, mean_loss,
                      accuracy)
-
-    def _append_step_log(self, losses: list[float]) -> None:
-        """Rank 0's per-step loss, one JSON line per step (recomputed steps appear again)."""
-        assert self.step_log is not None
-        if self._step_log_file is None:  # opened once per train(): ~70 us an interval otherwise
-            self.step_log.parent.mkdir(parents=True, exist_ok=True)
-            self._step_log_file = self.step_log.open("a", encoding="utf-8")
-        first = self.step - len(losses) + 1
-        # The losses are finite floats here (see _flush), whose repr is their JSON: ~4x faster
-        # than json.dumps per line.
-        self._step_log_file.write("".join(
-            f'{{"step": {first + i}, "epoch": {self.epoch}, "loss": {value!r}}}\n'
-            for i, value in enumerate(losses)))
-        self._step_log_file.flush()  # in the kernel's hands at once: a crash loses no line
 
     def _reduce_epoch_loss(self) -> tuple[float, int]:
         """Sum and count over ranks (never a mean of per-rank means)."""
@@ -501,19 +464,3 @@ class Trainer:
             "resumed_from_step": self.resumed_step,
             **({"class_names": list(self.parts.class_names)} if self.parts.class_names else {}),
         }
-
-
-def _total(values: list[torch.Tensor | int], device: torch.device) -> torch.Tensor:
-    """Sum of per-step counts (device tensors and/or ints) as one device scalar."""
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    ints = sum(v for v in values if not isinstance(v, torch.Tensor))
-    total = torch.stack(tensors).sum() if tensors else torch.zeros((), device=device)
-    return total.double() + ints
-
-
-def _progress_bar(is_main: bool, total: int, initial: int) -> Any:
-    if not (is_main and sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)

@@ -1,0 +1,35 @@
+"""A log interval's totals and rank 0's steps.jsonl."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from trainer.interval import Interval, StepLog
+
+
+def test_totals_sum_tensor_and_int_counts_in_one_read() -> None:
+    interval = Interval(torch.device("cpu"))
+    for loss, correct, count in [(0.5, torch.tensor(3), 4), (1.5, torch.tensor(2), 4)]:
+        interval.losses.append(torch.tensor(loss))
+        interval.correct.append(correct)
+        interval.count.append(count)
+    interval.grad_norm = torch.tensor(2.5, dtype=torch.float64)
+    assert interval.totals() == ([0.5, 1.5], 5.0, 8.0, 2.5)
+
+
+def test_step_log_lines_are_json_and_a_second_run_appends(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "steps.jsonl"
+    first = StepLog(path)
+    first.append(3, 0, [0.25, 1e-05, 2.0 / 3.0])
+    first.close()
+    second = StepLog(path)  # a resumed run adds to the same file
+    second.append(4, 1, [math.pi])
+    second.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [{"step": 1, "epoch": 0, "loss": 0.25}, {"step": 2, "epoch": 0, "loss": 1e-05},
+                    {"step": 3, "epoch": 0, "loss": 2.0 / 3.0}, {"step": 4, "epoch": 1,
+                                                                  "loss": math.pi}]

@@ -1,0 +1,82 @@
+"""What one log interval of the loop accumulates, and rank 0's per-step loss file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+
+class Interval:
+    """What one log interval accumulates; tensors stay on the device until the flush."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.losses: list[torch.Tensor] = []
+        # Per-step counts are kept as they come (appending costs ~0.1 us, an in-place add on
+        # the device ~4 us) and summed with the interval's one sync.
+        self.correct: list[torch.Tensor | int] = []
+        self.count: list[torch.Tensor | int] = []
+        """Items scored (the step's count: samples, or non-ignored tokens)."""
+        self.samples = 0
+        self.wait = 0.0
+        self.step_times: list[float] = []
+        self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
+        """Largest pre-clip gradient norm of the interval (only when clipping)."""
+        self.skipped = 0
+        """fp16 steps the GradScaler skipped (inf/NaN gradients)."""
+
+    def mean_step(self) -> float:
+        return sum(self.step_times) / len(self.step_times) if self.step_times else 0.0
+
+    def totals(self) -> tuple[list[float], float, float, float]:
+        """(per-step losses, correct, count, largest gradient norm) as Python numbers: the
+        interval's one device sync."""
+        values = torch.stack([*self.losses, _total(self.correct, self.device),
+                              _total(self.count, self.device), self.grad_norm])
+        *losses, correct, count, grad_norm = values.double().tolist()
+        return losses, correct, count, grad_norm
+
+
+class StepLog:
+    """``steps.jsonl``: one JSON line per optimizer step (recomputed steps appear again),
+    opened at the first write (~70 us an interval when reopened each time)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: TextIO | None = None
+
+    def append(self, last_step: int, epoch: int, losses: list[float]) -> None:
+        """The losses of the steps up to `last_step`: finite floats, whose repr is their JSON
+        (~4x faster than json.dumps per line)."""
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+        first = last_step - len(losses) + 1
+        self._file.write("".join(
+            f'{{"step": {first + i}, "epoch": {epoch}, "loss": {value!r}}}\n'
+            for i, value in enumerate(losses)))
+        self._file.flush()  # in the kernel's hands at once: a crash loses no line
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _total(values: list[torch.Tensor | int], device: torch.device) -> torch.Tensor:
+    """Sum of per-step counts (device tensors and/or ints) as one device scalar."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    ints = sum(v for v in values if not isinstance(v, torch.Tensor))
+    total = torch.stack(tensors).sum() if tensors else torch.zeros((), device=device)
+    return total.double() + ints
+
+
+def progress_bar(is_main: bool, total: int, initial: int) -> Any:
+    if not (is_main and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
