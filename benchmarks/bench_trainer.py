@@ -14,8 +14,9 @@ Three loops per workload, same data, model initialisation, optimizer, batch and 
 * ``batched``: the same loop on ddp-trainer's own data path (``IndexView`` + ``BatchedSampler``
   over ``DistributedShuffleSampler``, one gather per batch), so ours / batched is the pure cost of
   the trainer's loop;
-* ``ddp-trainer run``: checkpoints every 50 steps and at every epoch end, metrics endpoint on,
-  step log on; its samples/s comes from summary.json.
+* ``ddp-trainer run``: checkpoints every 50 steps (``checkpoint.every``, which replaces
+  epoch-end saves) and at the end, metrics endpoint on, step log on, every other setting at its
+  default; its samples/s comes from summary.json.
 
 All three validate every epoch (correct counts all-reduced). Runs alternate (per-sample,
 batched, ours, ...) so machine noise hits all; medians and ratios are printed. Targets: ours /
