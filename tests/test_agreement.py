@@ -5,6 +5,7 @@ container restart; a diverged loss and SIGTERM stop every rank at once; failures
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -216,3 +217,39 @@ def test_fast_steps_are_checked_about_every_log_seconds_slow_ones_within_the_sto
     assert _checks_every(10, 0.2, 1.0) == 10  # slower than log_seconds / log_every: unchanged
     assert _checks_every(10, 10.0, 1.0) == 1  # 15 s stop bound / (2 x 10 s): every step
     assert _checks_every(10, 0.001, 100.0) == 7500  # never beyond the stop bound
+
+
+def _exchange_with_sums(rank: int, world: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
+    import torch
+    import torch.distributed as dist
+
+    from trainer.agreement import Agreement
+    from trainer.distributed import DistContext
+    from trainer.stopping import StopFlag
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ctx = DistContext(rank, world, rank, world, torch.device("cpu"), "gloo", True)
+    stop = StopFlag()
+    stop.requested = rank == 1
+    agreement = Agreement(ctx, stop, 10, 15.0, 60.0)
+    # Negative and tiny sums too: slots under a MAX, not values compared.
+    sums = [(-2.5, 7.0), (1e-300, 1.0), (0.1, 5.0)][rank]
+    verdict = agreement.exchange(10, rank == 2, 0.01 * (rank + 1), wait=True, sums=sums)
+    plain = agreement.exchange(20, False, 0.01, wait=True)
+    if rank == 0:
+        out["verdict"], out["plain"] = verdict, plain
+    dist.destroy_process_group()
+
+
+def test_an_awaited_exchange_returns_sums_over_ranks_beside_the_verdict() -> None:
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_exchange_with_sums, args=(3, free_port(), out), nprocs=3, join=True)
+        verdict, plain = out["verdict"], out["plain"]
+    assert verdict.sums == (math.fsum([-2.5, 1e-300, 0.1]), 13.0)
+    assert (verdict.stop, verdict.diverged_rank, verdict.slowest_step) == (True, 2, 0.03)
+    assert plain.sums is None and plain.diverged_rank is None
+

@@ -131,3 +131,47 @@ def test_trainer_runs_on_parts_built_by_hand(tmp_path: Path) -> None:
     summary = trainer.trainer.Trainer(cfg, ctx, parts, NullSink()).train()
     assert summary["steps"] == 2 * 16 and summary["val_total"] == 64
     assert summary["val_accuracy"] >= 0.95
+
+
+class _Recorder:
+    """A MetricsLogger that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[dict[str, Any], int]] = []
+
+    def log(self, metrics: Any, step: int) -> None:
+        self.logged.append((dict(metrics), step))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_log_interval_spanning_epochs_keeps_each_epochs_loss_and_step_epochs(
+        tmp_path: Path) -> None:
+    import json
+    import math
+
+    ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
+    train_set, val_set = IndexView(_blobs(256, 7)), IndexView(_blobs(64, 8))
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    sampler = build_train_sampler("shuffle", train_set, ctx, seed=0)
+    val, valid = eval_loader(val_set, 32, ctx)
+    parts = TrainParts(
+        model=model, wrapped=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        step=ClassificationStep(), train_set=train_set, sampler=sampler,
+        train_loader=lambda micro: train_loader(train_set, sampler, micro, ctx, 0),
+        val_loader=val, val_valid=valid, num_classes=2)
+    cfg = JobConfig()
+    cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 4, 16, str(tmp_path)
+    cfg.train.log_every = 1000  # fast steps: one interval, reported at the last step only
+    metrics = _Recorder()
+    summary = trainer.trainer.Trainer(cfg, ctx, parts, metrics).train()
+    rows = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 65))
+    assert [r["epoch"] for r in rows] == [(s - 1) // 16 for s in range(1, 65)]
+    last_epoch = [r["loss"] for r in rows if r["epoch"] == 3]
+    assert summary["train_loss"] == math.fsum(last_epoch) / 16
+    reports = [m for m, _ in metrics.logged if "train/loss" in m]
+    assert len(reports) == 1 and reports[0]["train/steps"] == 64.0
+    assert len([m for m, _ in metrics.logged if "val/global_accuracy" in m]) == 4

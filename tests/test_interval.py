@@ -21,15 +21,25 @@ def test_totals_sum_tensor_and_int_counts_in_one_read() -> None:
     assert interval.totals() == ([0.5, 1.5], 5.0, 8.0, 2.5)
 
 
+def test_epoch_losses_are_the_current_epochs_steps_once_each() -> None:
+    interval = Interval(torch.device("cpu"))
+    interval.losses += [torch.tensor(0.5), torch.tensor(0.25)]
+    assert interval.epoch_losses() == [0.5, 0.25]  # the epoch ends inside the interval
+    interval.losses.append(torch.tensor(2.0))
+    assert interval.epoch_losses() == [2.0]
+    assert interval.epoch_losses() == []
+    assert interval.totals()[0] == [0.5, 0.25, 2.0]  # the interval itself still has them all
+
+
 def test_step_log_lines_are_json_and_a_second_run_appends(tmp_path: Path) -> None:
     path = tmp_path / "out" / "steps.jsonl"
     first = StepLog(path)
-    first.append(3, 0, [0.25, 1e-05, 2.0 / 3.0])
+    first.append(3, [0, 0, 1], [0.25, 1e-05, 2.0 / 3.0])  # an interval spanning two epochs
     first.close()
     second = StepLog(path)  # a resumed run adds to the same file
-    second.append(4, 1, [math.pi])
+    second.append(4, [1], [math.pi])
     second.close()
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows == [{"step": 1, "epoch": 0, "loss": 0.25}, {"step": 2, "epoch": 0, "loss": 1e-05},
-                    {"step": 3, "epoch": 0, "loss": 2.0 / 3.0}, {"step": 4, "epoch": 1,
+                    {"step": 3, "epoch": 1, "loss": 2.0 / 3.0}, {"step": 4, "epoch": 1,
                                                                   "loss": math.pi}]

@@ -8,9 +8,11 @@
   interval carries {SIGTERM seen, loss not finite, slowest step}. It runs asynchronously and
   is read at the next check (so it never stalls a step), except at checkpoints (an epoch end
   that saves one included) and the last step, where it is awaited (so a diverged or preempted
-  model is never saved as progress). Check intervals are ``train.log_every`` steps, lengthened
-  from the agreed slowest step to about ``train.log_seconds`` when steps are fast and shortened
-  so that a request is seen within about ``train.stop_check_seconds`` when they are slow.
+  model is never saved as progress); there it also sums what a checkpoint inside an epoch
+  records over ranks (the epoch's loss sums), so a save costs one barrier, not two. Check
+  intervals are ``train.log_every`` steps, lengthened from the agreed slowest step to about
+  ``train.log_seconds`` when steps are fast and shortened so that a request is seen within
+  about ``train.stop_check_seconds`` when they are slow.
 * **Which failures mean a peer is gone** (:func:`collective`): a failure inside a collective.
   NCCL, the store and the network raise typed ``torch.distributed.DistError``s; gloo reports a
   lost peer as a plain ``RuntimeError`` (torch 2.13: "Connection reset by peer" from gloo's
@@ -23,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,11 +75,14 @@ class Verdict:
     """The (highest) rank whose loss was not finite, or None."""
     slowest_step: float = 0.0
     """The slowest rank's mean step duration over the interval, in seconds."""
+    sums: tuple[float, ...] | None = None
+    """The `sums` given to an awaited :meth:`Agreement.exchange`, summed over ranks."""
 
     def merge(self, other: Verdict) -> Verdict:
         ranks = [r for r in (self.diverged_rank, other.diverged_rank) if r is not None]
         return Verdict(self.stop or other.stop, max(ranks) if ranks else None,
-                       max(self.slowest_step, other.slowest_step))
+                       max(self.slowest_step, other.slowest_step),
+                       other.sums if other.sums is not None else self.sums)
 
 
 class Agreement:
@@ -99,25 +104,36 @@ class Agreement:
         self.every = log_every
         """Steps between checks (shortened when steps are slow)."""
         self._next = log_every
-        self._inflight: tuple[torch.Tensor, Any] | None = None
+        self._inflight: tuple[torch.Tensor, Any, int] | None = None
 
     def due(self, step: int) -> bool:
         return step >= self._next
 
     def exchange(self, step: int, diverged: bool, slowest_step: float,
-                 wait: bool) -> Verdict:
+                 wait: bool, sums: Sequence[float] = ()) -> Verdict:
         """Share this rank's state; return the agreed verdict of the previous exchange, or
-        (with `wait`) of this one too."""
-        local = Verdict(self.stop.requested, self.ctx.rank if diverged else None, slowest_step)
+        (with `wait`) of this one too. With `wait`, finite `sums` ride the same reduction and
+        come back summed over ranks in ``Verdict.sums`` (what a checkpoint would otherwise
+        reduce itself: one barrier less, ~1 ms on 2 CPU ranks)."""
+        assert wait or not sums, "sums are only returned by an awaited exchange"
+        local = Verdict(self.stop.requested, self.ctx.rank if diverged else None, slowest_step,
+                        tuple(sums) if sums else None)
         if not self.ctx.initialized:
             verdict = local
         else:
             verdict = self._collect()
-            flag = torch.tensor([float(local.stop), _encode(local.diverged_rank), slowest_step],
-                                dtype=torch.float64, device=self.ctx.device)
+            # A MAX carries sums as per-rank slots (-inf elsewhere), added with fsum after.
+            k, world = len(sums), self.ctx.world_size
+            flag = torch.full((3 + k * world,), -math.inf, dtype=torch.float64)
+            flag[:3] = torch.tensor([float(local.stop), _encode(local.diverged_rank),
+                                     slowest_step], dtype=torch.float64)
+            if k:
+                start = 3 + k * self.ctx.rank
+                flag[start:start + k] = torch.tensor(list(sums), dtype=torch.float64)
+            flag = flag.to(self.ctx.device)
             with collective("the stop/divergence agreement", self.timeout_seconds):
                 work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
-            self._inflight = (flag, work)
+            self._inflight = (flag, work, k)
             if wait:
                 verdict = verdict.merge(self._collect())
         self._schedule(step, verdict.slowest_step)
@@ -130,12 +146,13 @@ class Agreement:
     def _collect(self) -> Verdict:
         if self._inflight is None:
             return Verdict()
-        flag, work = self._inflight
+        flag, work, k = self._inflight
         self._inflight = None
         with collective("the stop/divergence agreement", self.timeout_seconds):
             work.wait()
-        stop, code, slowest = flag.tolist()
-        return Verdict(bool(stop), int(code) - 1 if code > 0 else None, float(slowest))
+        stop, code, slowest, *slots = flag.tolist()
+        sums = tuple(math.fsum(slots[i::k]) for i in range(k)) if k else None
+        return Verdict(bool(stop), int(code) - 1 if code > 0 else None, float(slowest), sums)
 
     def _schedule(self, step: int, slowest_step: float) -> None:
         # The reduction is read one check later, so a request waits at most two intervals.

@@ -171,8 +171,9 @@ class TrainConfig:
     device sync each); with steps faster than `log_seconds` / `log_every`, more steps."""
     log_seconds: float = 1.0
     """Least time between those reports: an interval spans at least `log_every` steps and, by
-    the ranks' agreed step time, about this long (0: exactly `log_every` steps). Each report
-    costs ~1 ms on a CPU rank, 3 % of a 3 ms step's interval of 10 steps."""
+    the ranks' agreed step time, about this long (0: exactly `log_every` steps), across epoch
+    ends if epochs are shorter. Each report costs ~1 ms on a CPU rank, 3 % of a 3 ms step's
+    interval of 10 steps."""
     stop_check_seconds: float = 15.0
     """Bound on how long a SIGTERM or a diverged loss waits to be acted on when steps are slow:
     checks then come every few steps instead of every `log_every`. Keep it well under the
