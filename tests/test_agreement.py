@@ -253,3 +253,27 @@ def test_an_awaited_exchange_returns_sums_over_ranks_beside_the_verdict() -> Non
     assert (verdict.stop, verdict.diverged_rank, verdict.slowest_step) == (True, 2, 0.03)
     assert plain.sums is None and plain.diverged_rank is None
 
+
+def _leave_before_the_final_barrier(rank: int, world: int, port: int, out: dict) -> None:  # type: ignore[type-arg]
+    import torch
+    import torch.distributed as dist
+
+    from trainer.distributed import DistContext, teardown
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.barrier()  # both in the group; then rank 1 vanishes without its final barrier
+    if rank == 1:
+        os._exit(0)
+    teardown(DistContext(rank, world, rank, world, torch.device("cpu"), "gloo", True))
+    out["returned"] = True
+
+
+def test_a_peer_gone_before_the_final_barrier_leaves_a_completed_run_completed() -> None:
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_leave_before_the_final_barrier, args=(2, free_port(), out), nprocs=2,
+                 join=True)
+        assert out.get("returned") is True
