@@ -176,9 +176,11 @@ def _passthrough(batch: Any) -> Any:
     return batch
 
 
-def make_loader(dataset: IndexView, batches: Iterable[list[int]], ctx: DistContext,
+def make_loader(dataset: Dataset[Any], batches: Iterable[list[int]], ctx: DistContext,
                 workers: int | WorkerOptions = 0) -> DataLoader[Any]:
-    """The loader of `batches` of `dataset`; `workers` is the worker count or all options."""
+    """The loader of `batches` of `dataset` (an IndexView, whose batches come whole, or any
+    map-style dataset, fetched by :func:`trainer.data.fetch`); `workers` is the worker count
+    or all options."""
     opts = workers if isinstance(workers, WorkerOptions) else WorkerOptions(workers)
     extra: dict[str, Any] = {}
     if opts.num_workers > 0:
@@ -196,8 +198,8 @@ def make_loader(dataset: IndexView, batches: Iterable[list[int]], ctx: DistConte
     )
 
 
-def train_loader(dataset: IndexView, sampler: TrainSampler, batch_size: int, ctx: DistContext,
-                 workers: int | WorkerOptions = 0) -> DataLoader[Any]:
+def train_loader(dataset: IndexView, sampler: TrainSampler, batch_size: int,
+                 ctx: DistContext, workers: int | WorkerOptions = 0) -> DataLoader[Any]:
     batches = BatchedSampler(sampler, batch_size, drop_last=False)
     return make_loader(dataset, _EpochTagged(batches, sampler), ctx, workers)
 
