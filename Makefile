@@ -39,7 +39,7 @@ run: venv
 		--set metrics.linger_seconds=0 $(RUN_ARGS)
 
 test: venv tools e2e-tools
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q --durations=15
 
 # End to end (docs/e2e.md): the image built from the Dockerfile with podman, the chart's pods
 # played with the training operator's env, trained, killed, drained, resumed and scraped.
