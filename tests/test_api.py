@@ -114,18 +114,27 @@ def test_fit_rejects_a_config_of_the_wrong_kind() -> None:
         trainer.fit(3)  # type: ignore[arg-type]
 
 
-def test_trainer_runs_on_parts_built_by_hand(tmp_path: Path) -> None:
-    ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
-    train_set, val_set = IndexView(_blobs(256, 5)), IndexView(_blobs(64, 6))
+_ALONE = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
+
+
+def _hand_made_parts(seed: int) -> TrainParts:
+    """A linear model on blobs (256 train, 64 validation), every part built here."""
+    ctx = _ALONE
+    train_set = IndexView(_blobs(256, seed))
+    val_set = IndexView(_blobs(64, seed + 1))
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     sampler = build_train_sampler("shuffle", train_set, ctx, seed=0)
     val, valid = eval_loader(val_set, 32, ctx)
-    parts = TrainParts(
+    return TrainParts(
         model=model, wrapped=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         step=ClassificationStep(), train_set=train_set, sampler=sampler,
         train_loader=lambda micro: train_loader(train_set, sampler, micro, ctx, 0),
         val_loader=val, val_valid=valid, num_classes=2)
+
+
+def test_trainer_runs_on_parts_built_by_hand(tmp_path: Path) -> None:
+    ctx, parts = _ALONE, _hand_made_parts(5)
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 2, 16, str(tmp_path)
     summary = trainer.trainer.Trainer(cfg, ctx, parts, NullSink()).train()
@@ -151,17 +160,7 @@ def test_a_log_interval_spanning_epochs_keeps_each_epochs_loss_and_step_epochs(
     import json
     import math
 
-    ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
-    train_set, val_set = IndexView(_blobs(256, 7)), IndexView(_blobs(64, 8))
-    torch.manual_seed(0)
-    model = nn.Linear(4, 2)
-    sampler = build_train_sampler("shuffle", train_set, ctx, seed=0)
-    val, valid = eval_loader(val_set, 32, ctx)
-    parts = TrainParts(
-        model=model, wrapped=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        step=ClassificationStep(), train_set=train_set, sampler=sampler,
-        train_loader=lambda micro: train_loader(train_set, sampler, micro, ctx, 0),
-        val_loader=val, val_valid=valid, num_classes=2)
+    ctx, parts = _ALONE, _hand_made_parts(7)
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 4, 16, str(tmp_path)
     cfg.train.log_every = 1000  # fast steps: one interval, reported at the last step only
