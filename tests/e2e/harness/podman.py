@@ -96,6 +96,12 @@ class Podman:
         networks = data["NetworkSettings"].get("Networks") or {}
         return str(networks.get(network, {}).get("IPAddress", ""))
 
+    def pod_state(self, pod: str) -> str:
+        """podman's state of the pod: Running, Degraded (some containers exited), Exited, ...;
+        "" when it is gone."""
+        proc = self.run("pod", "inspect", pod, "--format", "{{.State}}", check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
     def logs(self, container: str) -> str:
         proc = self.run("logs", container, check=False)
         return proc.stdout + proc.stderr
