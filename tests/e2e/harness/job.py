@@ -273,9 +273,10 @@ class PlayedJob:
     def _restart_in_place(self, record: PodRecord, timeout: float = 60) -> None:
         """Start the exited container again (same container, same volumes). podman stops a
         played pod when its last container exits; a container started while that stop is
-        under way is SIGTERMed and, 10 s later, SIGKILLed by it (exit 137 of a restarted
-        worker, seen in CI), so the stop is awaited first. `podman start` can still be
-        refused ("container state improper") for a moment after it, so it is retried."""
+        under way is SIGTERMed and, 10 s later, SIGKILLed by it (a restarted worker's exit
+        137, seen in a full local test run), so the stop is awaited first. `podman start`
+        can still be refused ("container state improper") for a moment after it, so it is
+        retried."""
         deadline = time.monotonic() + timeout
         while self.podman.pod_state(record.pod.name) in ("Running", "Degraded"):
             if time.monotonic() > deadline:
