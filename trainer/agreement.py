@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from trainer import checkpoint
 from trainer.distributed import DistContext
-from trainer.errors import CheckpointError, RankLost
+from trainer.errors import CheckpointError, RankLost, first_line
 from trainer.stopping import StopFlag
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,9 @@ def collective(what: str, timeout_seconds: float) -> Iterator[None]:
     except _LOCAL_FAILURES:
         raise
     except (dist.DistError, RuntimeError) as err:
-        text = str(err).strip()
-        first = text.splitlines()[0][:200] if text else type(err).__name__
         raise RankLost(
-            f"another rank stopped responding or died ({what} failed: {first}); collectives "
+            f"another rank stopped responding or died ({what} failed: {first_line(err, 200)}); "
+            f"collectives "
             f"time out after dist.timeout_seconds={timeout_seconds:g}",
             "read the other ranks' logs for the first error; raise --timeout only if a step "
             "legitimately takes longer") from err
@@ -123,14 +122,10 @@ class Agreement:
         else:
             verdict = self._collect()
             # A MAX carries sums as per-rank slots (-inf elsewhere), added with fsum after.
-            k, world = len(sums), self.ctx.world_size
-            flag = torch.full((3 + k * world,), -math.inf, dtype=torch.float64)
-            flag[:3] = torch.tensor([float(local.stop), _encode(local.diverged_rank),
-                                     slowest_step], dtype=torch.float64)
-            if k:
-                start = 3 + k * self.ctx.rank
-                flag[start:start + k] = torch.tensor(list(sums), dtype=torch.float64)
-            flag = flag.to(self.ctx.device)
+            k, rank, world = len(sums), self.ctx.rank, self.ctx.world_size
+            slots = [-math.inf] * (k * rank) + list(sums) + [-math.inf] * (k * (world - 1 - rank))
+            flag = torch.tensor([float(local.stop), _encode(local.diverged_rank), slowest_step,
+                                 *slots], dtype=torch.float64, device=self.ctx.device)
             with collective("the stop/divergence agreement", self.timeout_seconds):
                 work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
             self._inflight = (flag, work, k)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, first_line
 
 FIX = "set train.compile=false, or install a working C++ compiler (inductor needs one on CPU)"
 
@@ -31,6 +31,5 @@ def compile_errors() -> Iterator[None]:
     try:
         yield
     except TorchDynamoException as exc:
-        text = str(exc).strip()
         raise ConfigError(f"train.compile: torch.compile failed: {type(exc).__name__}: "
-                          f"{text.splitlines()[0][:300] if text else ''}", FIX) from exc
+                          f"{first_line(exc, empty='')}", FIX) from exc

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import DistConfig
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,7 @@ def teardown(ctx: DistContext, completed: bool = True) -> None:
             try:
                 dist.barrier()
             except (dist.DistError, RuntimeError) as err:
-                text = str(err).strip()
                 log.warning("a peer left before the final barrier (%s); this rank's run is "
-                            "complete", text.splitlines()[0][:200] if text else type(err).__name__)
+                            "complete", first_line(err, 200))
             return
         dist.destroy_process_group()

@@ -5,6 +5,15 @@ from __future__ import annotations
 import signal
 
 
+def first_line(value: object, limit: int = 300, empty: str | None = None) -> str:
+    """The first line of an error's (or any value's) text, for a one-line message: at most
+    `limit` characters; `empty` (default: the value's type name) when there is no text."""
+    text = str(value).strip()
+    if not text:
+        return type(value).__name__ if empty is None else empty
+    return text.splitlines()[0][:limit]
+
+
 class TrainerError(Exception):
     """An error caused by input or environment, reported without a traceback.
 

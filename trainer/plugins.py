@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainer.errors import ConfigError, TrainerError
+from trainer.errors import ConfigError, TrainerError, first_line
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _IMPORT_PATH = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
@@ -49,7 +49,7 @@ def load(spec: str, where: str) -> Callable[..., Any]:
                           f"install {missing!r}, which {module_name!r} imports") from None
     except Exception as exc:  # noqa: BLE001 - any error raised by the user's module itself
         raise PluginError(f"{where}: importing module {module_name!r} raised "
-                          f"{type(exc).__name__}: {_first_line(exc)}",
+                          f"{type(exc).__name__}: {first_line(exc, empty='(no message)')}",
                           "fix the error in that module") from exc
     obj: Any = module
     for part in attr_path.split("."):
@@ -95,7 +95,8 @@ def call(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str, fix: str
         raise
     except Exception as exc:  # noqa: BLE001 - user code: report whatever it raised
         raise PluginError(f"{where}: {describe(fn)}({', '.join(kwargs)}) raised "
-                          f"{type(exc).__name__}: {_first_line(exc)}", fix) from exc
+                          f"{type(exc).__name__}: {first_line(exc, empty='(no message)')}",
+                          fix) from exc
 
 
 def describe(obj: Any) -> str:
@@ -104,8 +105,3 @@ def describe(obj: Any) -> str:
     module = getattr(target, "__module__", None) or type(target).__module__
     name = getattr(target, "__qualname__", None) or type(target).__qualname__
     return f"{module}:{name}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else "(no message)"

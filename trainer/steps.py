@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer import plugins
-from trainer.errors import ConfigError, DataError
+from trainer.errors import ConfigError, DataError, first_line
 
 IGNORE_INDEX = -100
 """Label ignored by the loss and the accuracy (``transformers``' and torch's convention)."""
@@ -164,9 +164,8 @@ def preflight(step: StepFn, model: nn.Module, batch: Any, num_classes: int | Non
     except (ConfigError, DataError):
         raise
     except Exception as exc:  # noqa: BLE001 - user code (model or step): report what it raised
-        text = str(exc).strip()
         raise StepError(f"the step or the model raised {type(exc).__name__} on the first "
-                        f"batch: {text.splitlines()[0][:300] if text else '(no message)'}",
+                        f"batch: {first_line(exc, empty='(no message)')}",
                         "fix the model, the step or the data so that one batch goes through "
                         "(rerun with --debug for the traceback)") from exc
     finally:

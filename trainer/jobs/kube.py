@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, first_line
 from trainer.jobs.errors import (
     AccessDenied,
     ApiFailed,
@@ -258,7 +258,7 @@ def connect(target: Target) -> Cluster:
             )
         except ConfigException as exc:
             raise KubeconfigError(
-                f"kubeconfig {joined} has no usable context: {_first_line(exc)}",
+                f"kubeconfig {joined} has no usable context: {first_line(exc)}",
                 "fix the file, or pass another one with --kubeconfig",
             ) from None
         names = [c["name"] for c in contexts]
@@ -276,7 +276,7 @@ def connect(target: Target) -> Cluster:
             )
         except ConfigException as exc:
             raise KubeconfigError(
-                f"kubeconfig {joined} is not usable: {_first_line(exc)}",
+                f"kubeconfig {joined} is not usable: {first_line(exc)}",
                 "fix the file, or pick another context with --context",
             ) from None
         context = target.context or (active or {}).get("name", "")
@@ -343,7 +343,7 @@ def _connection_reason(err: BaseException) -> str:
         return errno.group(1).strip()
     if "timed out" in text.lower() or isinstance(err, TimeoutError):
         return "no answer (timed out)"
-    return _first_line(text)[:200]
+    return first_line(text, 200)
 
 
 def _status_message(err: Any) -> str:
@@ -353,9 +353,4 @@ def _status_message(err: Any) -> str:
         body = json.loads(err.body)
         return str(body.get("message") or err.reason)
     except (TypeError, ValueError, AttributeError):
-        return _first_line(err.body or err.reason)
-
-
-def _first_line(value: object) -> str:
-    text = str(value).strip()
-    return text.splitlines()[0] if text else type(value).__name__
+        return first_line(err.body or err.reason)
