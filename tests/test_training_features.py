@@ -14,6 +14,7 @@ from conftest import run_cli
 from torch import nn
 
 import trainer
+from trainer import optim
 from trainer.config import OptimConfig
 from trainer.data import InMemoryDataset
 from trainer.optim import Schedule, build_optimizer
@@ -38,6 +39,37 @@ def test_adamw_does_not_decay_biases_and_norm_weights() -> None:
     decayed, kept = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and [p.shape for p in decayed["params"]] == [(4, 4)]
     assert kept["weight_decay"] == 0.0 and len(kept["params"]) == 3
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_optimizers_use_fused_kernels_on_cpu_and_match_the_per_parameter_loop(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    twin = copy.deepcopy(model)
+    cfg = OptimConfig(name=name, lr=0.01, momentum=0.9, weight_decay=0.01)
+    fused = build_optimizer(cfg, model)
+    monkeypatch.setattr(optim, "fused_supported", lambda _model: False)
+    plain = build_optimizer(cfg, twin)
+    assert all(g["fused"] for g in fused.param_groups)
+    assert not any(g["fused"] for g in plain.param_groups)
+    x, y = torch.randn(16, 6), torch.arange(16) % 3
+    for m, opt in ((model, fused), (twin, plain)):
+        for _ in range(20):
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_parameters_fused_kernels_cannot_take_get_torchs_default_kernels() -> None:
+    on_meta = nn.Linear(2, 2).to("meta")  # a device without fused kernels
+    on_two_devices = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).to("meta"))
+    for model in (on_meta, on_two_devices):
+        assert not optim.fused_supported(model)
+        assert not any(g["fused"] for g in build_optimizer(OptimConfig(), model).param_groups)
+    assert not optim.fused_supported(nn.Linear(2, 2).requires_grad_(False))
 
 
 def _data(n: int = 64) -> InMemoryDataset:

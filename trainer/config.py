@@ -106,7 +106,8 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     name: str = "sgd"
-    """Optimizer: `sgd`, `adamw` or `adam` (torch.optim)."""
+    """Optimizer: `sgd`, `adamw` or `adam` (torch.optim; its fused kernels when every trainable
+    parameter is floating point on one CPU or CUDA device)."""
     lr: float = 0.05
     """Peak learning rate (set it for the optimizer: e.g. 1e-3 for adamw)."""
     momentum: float = 0.9
