@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Renders charts/ddp-trainer with its default values into plain manifests for kubectl-only
-# users: k8s/ddp-trainer.yaml (the job) and k8s/monitoring.yaml (PodMonitor, PrometheusRule,
-# Grafana dashboard). `make k8s` runs it; tests/chart/test_k8s_manifests.py fails when the
-# committed files differ from a fresh render.
+# users: k8s/ddp-trainer.yaml (the job as a PyTorchJob) and k8s/monitoring.yaml (PodMonitor,
+# PrometheusRule, Grafana dashboard), and both again for a Kubeflow Trainer v2 TrainJob
+# (apiKind=TrainJob): k8s/ddp-trainer-trainjob.yaml and k8s/monitoring-trainjob.yaml. `make k8s`
+# runs it; tests/chart/test_k8s_manifests.py fails when the committed files differ from a fresh
+# render.
 #   usage: tools/render-k8s.sh [OUTPUT_DIR]   (default: k8s/)
 set -euo pipefail
 
@@ -19,12 +21,13 @@ release=ddp-trainer
 namespace=ddp-trainer
 mkdir -p "$out"
 
-render() {  # render OUTPUT_FILE TEMPLATE...
+render() {  # render OUTPUT_FILE [--set KEY=VALUE] TEMPLATE...
   local file="$1"; shift
-  local args=()
+  local args=() values="default values"
+  if [[ "${1:-}" == --set ]]; then args+=(--set "$2"); values="default values but $2"; shift 2; fi
   for t in "$@"; do args+=(--show-only "templates/$t"); done
   {
-    echo "# Generated from charts/ddp-trainer (default values, namespace $namespace) by"
+    echo "# Generated from charts/ddp-trainer ($values, namespace $namespace) by"
     echo "# tools/render-k8s.sh: do not edit; change the chart and run \`make k8s\`."
     "$helm" template "$release" "$repo/charts/ddp-trainer" --namespace "$namespace" "${args[@]}" \
       | sed -e 's/^\(\s*app.kubernetes.io\/managed-by:\) Helm$/\1 kubectl/'
@@ -33,5 +36,10 @@ render() {  # render OUTPUT_FILE TEMPLATE...
 }
 
 render "$out/ddp-trainer.yaml" serviceaccount.yaml configmap.yaml pytorchjob.yaml
+render "$out/ddp-trainer-trainjob.yaml" --set apiKind=TrainJob serviceaccount.yaml configmap.yaml \
+  trainjob.yaml
 render "$out/monitoring.yaml" podmonitor.yaml prometheusrule.yaml dashboard-configmap.yaml
-echo "render-k8s.sh: wrote $out/ddp-trainer.yaml $out/monitoring.yaml"
+render "$out/monitoring-trainjob.yaml" --set apiKind=TrainJob podmonitor.yaml prometheusrule.yaml \
+  dashboard-configmap.yaml
+echo "render-k8s.sh: wrote $out/ddp-trainer.yaml $out/monitoring.yaml $out/ddp-trainer-trainjob.yaml" \
+  "$out/monitoring-trainjob.yaml"

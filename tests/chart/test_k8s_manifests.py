@@ -27,7 +27,8 @@ def fresh_render(helm: str, out: Path) -> None:
 def test_committed_manifests_match_the_chart(helm4: str, tmp_path: Path) -> None:
     fresh_render(helm4, tmp_path)
     rendered = sorted(p.name for p in tmp_path.glob("*.yaml"))
-    assert rendered == ["ddp-trainer.yaml", "monitoring.yaml"]
+    assert rendered == ["ddp-trainer-trainjob.yaml", "ddp-trainer.yaml",
+                        "monitoring-trainjob.yaml", "monitoring.yaml"]
     for name in rendered:
         committed = K8S / name
         assert committed.is_file(), f"k8s/{name} is missing: run `make k8s`"
@@ -51,7 +52,8 @@ def test_render_script_fails_loudly_without_helm(tmp_path: Path) -> None:
 def test_plain_manifests_are_valid_and_not_marked_as_helm_managed() -> None:
     docs = [
         d
-        for f in ("ddp-trainer.yaml", "monitoring.yaml")
+        for f in ("ddp-trainer.yaml", "ddp-trainer-trainjob.yaml", "monitoring.yaml",
+                  "monitoring-trainjob.yaml")
         for d in yaml.safe_load_all((K8S / f).read_text())
         if d
     ]
@@ -59,6 +61,7 @@ def test_plain_manifests_are_valid_and_not_marked_as_helm_managed() -> None:
         "ServiceAccount",
         "ConfigMap",
         "PyTorchJob",
+        "TrainJob",
         "PodMonitor",
         "PrometheusRule",
     }
@@ -67,7 +70,7 @@ def test_plain_manifests_are_valid_and_not_marked_as_helm_managed() -> None:
         assert d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kubectl"
         errors = (
             crd_errors(d)
-            if d["kind"] in {"PyTorchJob", "PodMonitor", "PrometheusRule"}
+            if d["kind"] in {"PyTorchJob", "TrainJob", "PodMonitor", "PrometheusRule"}
             else k8s_errors(d, "1.35.0")
         )
         assert errors == [], (d["kind"], errors)
