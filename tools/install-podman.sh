@@ -2,7 +2,10 @@
 # Makes the container runtime of the end-to-end tests available (`make e2e` runs this):
 #   podman (Debian bookworm's 4.3) with runc, netavark + aardvark-dns + iptables (podman
 #   networks with DNS by name; netavark fails with "No such file or directory" without
-#   iptables), and debootstrap (the local base image: no registry can be pulled here).
+#   iptables), catatonit (podman builds the pods' infra "pause" image from it on the first
+#   `kube play`: "finding pause binary: exec: catatonit" without it, as a CI machine showed;
+#   Debian only recommends it), and debootstrap (the local base image: no registry can be
+#   pulled here).
 # Idempotent: does nothing when every command is already on PATH. Installs the Debian packages
 # when run as root; otherwise exits non-zero with one line saying how to install them.
 # Nothing of the machine's own configuration is changed: the project's settings live in
@@ -12,7 +15,7 @@ set -euo pipefail
 have() { command -v "$1" >/dev/null 2>&1; }
 # netavark/aardvark-dns live in /usr/lib/podman, not on PATH.
 ready() {
-    have podman && have runc && have debootstrap && have iptables \
+    have podman && have runc && have catatonit && have debootstrap && have iptables \
         && [[ -x /usr/lib/podman/netavark && -x /usr/lib/podman/aardvark-dns ]]
 }
 
@@ -21,7 +24,7 @@ if ready; then
     exit 0
 fi
 
-packages=(podman runc conmon netavark aardvark-dns iptables debootstrap)
+packages=(podman runc conmon catatonit netavark aardvark-dns iptables debootstrap)
 if [[ "$(id -u)" -ne 0 ]]; then
     echo "error: podman, runc or debootstrap missing and not running as root." >&2
     echo "fix: run 'sudo apt-get update && sudo apt-get install -y --no-install-recommends ${packages[*]}'" >&2
