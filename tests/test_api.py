@@ -142,6 +142,29 @@ def test_trainer_runs_on_parts_built_by_hand(tmp_path: Path) -> None:
     assert summary["val_accuracy"] >= 0.95
 
 
+def test_a_trainer_used_alone_creates_its_checkpoint_dir_and_saves_there(tmp_path: Path) -> None:
+    ctx, parts = _ALONE, _hand_made_parts(5)
+    cfg = JobConfig()
+    cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 2, 16, str(tmp_path)
+    cfg.checkpoint.dir = str(tmp_path / "not" / "yet" / "there")
+    summary = trainer.trainer.Trainer(cfg, ctx, parts, NullSink()).train()
+    saved = checkpoint.list_checkpoints(Path(cfg.checkpoint.dir))
+    assert [p.name for p in saved] == ["ckpt-000000032.pt", "ckpt-000000016.pt"]
+    assert checkpoint.read(saved[0])["step"] == summary["steps"] == 32
+
+
+def test_a_trainer_with_an_unwritable_checkpoint_dir_fails_before_training(
+        tmp_path: Path) -> None:
+    from trainer.errors import CheckpointError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cfg = JobConfig()
+    cfg.output.dir, cfg.checkpoint.dir = str(tmp_path), str(blocker / "ckpt")
+    with pytest.raises(CheckpointError, match="not writable"):
+        trainer.trainer.Trainer(cfg, _ALONE, _hand_made_parts(5), NullSink())
+
+
 class _Recorder:
     """A MetricsLogger that keeps what it is given."""
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.distributed import DistContext
-from trainer.steps import StepFn, as_output
+from trainer.steps import StepFn, as_output, counts_vector
 from trainer.tree import batch_len, take, to_device
 
 
@@ -57,10 +57,11 @@ def local_sums(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid:
     carrying more values: the Trainer adds its epoch loss sums to save a collective)."""
     was_training = model.training
     model.eval()
-    # Accumulate on the device: one host sync at the end instead of one per batch.
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    count = torch.zeros((), dtype=torch.int64, device=device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    # Kept per batch and summed once at the end: one host sync, and no per-batch in-place adds
+    # (~7 us a batch on the CPU).
+    correct: list[torch.Tensor | int] = []
+    count: list[torch.Tensor | int] = []
+    losses: list[torch.Tensor] = []
     seen = 0
     for batch in loader:
         size = batch_len(batch)
@@ -71,11 +72,15 @@ def local_sums(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid:
         if n_real < size:
             batch = take(batch, n_real)
         out = as_output(step(model, to_device(batch, device)))
-        correct += out.correct
-        count += out.count
-        loss_sum += out.loss.detach().double() * out.count
+        correct.append(out.correct)
+        count.append(out.count)
+        losses.append(out.loss.detach())
     model.train(was_training)
-    return torch.stack([correct.double(), count.double(), loss_sum])
+    if not losses:
+        return torch.zeros(3, dtype=torch.float64, device=device)
+    counts = counts_vector(count, device)
+    loss_sum = torch.dot(torch.stack(losses).double(), counts)
+    return torch.stack([counts_vector(correct, device).sum(), counts.sum(), loss_sum])
 
 
 def reduce_sums(sums: torch.Tensor, ctx: DistContext) -> torch.Tensor:

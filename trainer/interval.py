@@ -8,6 +8,8 @@ from typing import Any, TextIO
 
 import torch
 
+from trainer.steps import counts_vector
+
 
 class Interval:
     """What one log interval accumulates; tensors stay on the device until the flush.
@@ -23,8 +25,7 @@ class Interval:
         """The epoch of each step in `losses`."""
         self.epoch_from = 0
         """Index in `losses` of the current epoch's first step in this interval."""
-        # Per-step counts are kept as they come (appending costs ~0.1 us, an in-place add on
-        # the device ~4 us) and summed with the interval's one sync.
+        # Per-step counts are kept as they come and summed with the interval's one sync.
         self.correct: list[torch.Tensor | int] = []
         self.count: list[torch.Tensor | int] = []
         """Items scored (the step's count: samples, or non-ignored tokens)."""
@@ -49,8 +50,8 @@ class Interval:
     def totals(self) -> tuple[list[float], float, float, float]:
         """(per-step losses, correct, count, largest gradient norm) as Python numbers: the
         interval's one device sync."""
-        values = torch.stack([*self.losses, _total(self.correct, self.device),
-                              _total(self.count, self.device), self.grad_norm])
+        values = torch.stack([*self.losses, counts_vector(self.correct, self.device).sum(),
+                              counts_vector(self.count, self.device).sum(), self.grad_norm])
         *losses, correct, count, grad_norm = values.double().tolist()
         return losses, correct, count, grad_norm
 
@@ -79,14 +80,6 @@ class StepLog:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def _total(values: list[torch.Tensor | int], device: torch.device) -> torch.Tensor:
-    """Sum of per-step counts (device tensors and/or ints) as one device scalar."""
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    ints = sum(v for v in values if not isinstance(v, torch.Tensor))
-    total = torch.stack(tensors).sum() if tensors else torch.zeros((), device=device)
-    return total.double() + ints
 
 
 def progress_bar(is_main: bool, total: int, initial: int) -> Any:

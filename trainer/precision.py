@@ -15,6 +15,9 @@ import torch
 
 from trainer.errors import ConfigError
 
+_NO_AUTOCAST = contextlib.nullcontext()
+"""fp32's autocast: nothing (reusable, so the loop builds no context manager a step)."""
+
 
 class Precision:
     def __init__(self, name: str, device: torch.device) -> None:
@@ -32,7 +35,7 @@ class Precision:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.name == "fp32":
-            return contextlib.nullcontext()
+            return _NO_AUTOCAST
         dtype = torch.bfloat16 if self.name == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 

@@ -47,6 +47,16 @@ class StepOutput:
 StepFn = Callable[[nn.Module, Any], Any]
 
 
+def counts_vector(values: Sequence[Tensor | int], device: torch.device) -> Tensor:
+    """Per-step (or per-batch) counts, ints and/or integer tensors on `device`, as one float64
+    vector (exact up to 2^53). Counts are kept as they come and read with one op: appending
+    costs ~0.1 us, an in-place add on the device ~4 us a step."""
+    if all(isinstance(v, int) for v in values):
+        return torch.tensor(values, dtype=torch.float64, device=device)
+    return torch.stack([v if isinstance(v, Tensor) else torch.tensor(v, device=device)
+                        for v in values]).double()
+
+
 def as_output(result: Any, where: str = "train.step") -> StepOutput:
     """A step's return value as a StepOutput (a 3-tuple is accepted)."""
     if isinstance(result, StepOutput):
@@ -89,7 +99,8 @@ class ClassificationStep:
     """The default step (see the module docstring)."""
 
     def __call__(self, model: nn.Module, batch: Any) -> StepOutput:
-        if isinstance(batch, Mapping):
+        # A tuple first: the ABC check of Mapping costs ~0.5 us a call.
+        if type(batch) is not tuple and isinstance(batch, Mapping):
             out = model(**batch)
             loss, logits = _field(out, "loss"), _field(out, "logits")
             labels = batch["labels"]

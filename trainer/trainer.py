@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import checkpoint
-from trainer.agreement import Agreement, Resumed, Verdict, collective
+from trainer.agreement import Agreement, Collective, Resumed, Verdict, collective
 from trainer.batching import BatchPlan, plan_batches
 from trainer.build import TrainParts
 from trainer.compiling import compile_errors
@@ -30,6 +30,8 @@ from trainer.stopping import StopFlag
 from trainer.tree import batch_len, to_device
 
 log = logging.getLogger(__name__)
+
+_NOTHING = contextlib.nullcontext()
 
 
 class MetricsLogger(Protocol):
@@ -90,6 +92,10 @@ class Trainer:
                          if cfg.output.step_log and ctx.is_main else None)
         """Rank 0's per-step losses (off: output.step_log false, or another rank)."""
         self.checkpoint_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+        if self.checkpoint_dir is not None:
+            # Created (and probed) now, not found missing at the first save after an epoch
+            # of training, when the Trainer is used without the runner.
+            checkpoint.check_writable(self.checkpoint_dir)
         self.writer = checkpoint.AsyncWriter()
         self._config = cfg.to_dict()
         """The config as checkpoints record it (built once: ~0.1 ms a save otherwise)."""
@@ -97,6 +103,11 @@ class Trainer:
         """The log interval in progress (it may span epochs: see _end_epoch_losses)."""
         self._reduced_epoch_loss: tuple[int, tuple[float, ...]] | None = None
         """(step, epoch loss sums over ranks) when the agreement reduced them at that step."""
+        # Entered every step, so built once. A DDP forward/backward talks to every rank: its
+        # failure is a lost rank.
+        self._grad_comm: contextlib.AbstractContextManager[None] = (
+            Collective("the gradient all-reduce", cfg.dist.timeout_seconds)
+            if ctx.initialized else contextlib.nullcontext())
 
     # -- checkpointable state ------------------------------------------------------------
     def state_dict(self, consumed: int | None) -> dict[str, Any]:
@@ -249,7 +260,7 @@ class Trainer:
                 interval.wait += time.perf_counter() - tw
                 # Gradients are all-reduced only on the last micro-batch of an accumulation.
                 sync = j == k - 1 or not isinstance(self.model, DistributedDataParallel)
-                with self._comm() if sync else self._ddp().no_sync():
+                with self._grad_comm if sync else self._ddp().no_sync():
                     with self.precision.autocast(), self._compile_errors():
                         out = as_output(self.step_fn(self.model, batch))
                     loss = out.loss
@@ -309,13 +320,7 @@ class Trainer:
             interval.skipped += 1
 
     def _compile_errors(self) -> contextlib.AbstractContextManager[None]:
-        return compile_errors() if self.cfg.train.compile else contextlib.nullcontext()
-
-    def _comm(self) -> contextlib.AbstractContextManager[None]:
-        """A DDP forward/backward talks to every rank: its failure is a lost rank."""
-        if not self.ctx.initialized:
-            return contextlib.nullcontext()
-        return collective("the gradient all-reduce", self.cfg.dist.timeout_seconds)
+        return compile_errors() if self.cfg.train.compile else _NOTHING
 
     def _act(self, verdict: Verdict, position: int) -> None:
         """Leave on every rank at once when the ranks agreed to."""
