@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import REPO, free_port, read_json, run_cli
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
@@ -197,3 +200,44 @@ def test_a_log_interval_spanning_epochs_keeps_each_epochs_loss_and_step_epochs(
     reports = [m for m, _ in metrics.logged if "train/loss" in m]
     assert len(reports) == 1 and reports[0]["train/steps"] == 64.0
     assert len([m for m, _ in metrics.logged if "val/global_accuracy" in m]) == 4
+
+
+def test_a_script_calling_fit_twice_on_two_ranks_trains_both_runs(tmp_path: Path) -> None:
+    # The first fit() keeps the process group (see distributed.teardown); the second joins
+    # the same one instead of failing to initialize it twice (a sweep, or train then tune).
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import sys\nimport trainer\n"
+        "for run, epochs in (('a', 1), ('b', 2)):\n"
+        "    trainer.fit({'data': {'dataset': 'synthetic', 'synthetic_samples': 256},\n"
+        "                 'train': {'epochs': epochs, 'batch_size': 32},\n"
+        "                 'output': {'dir': sys.argv[1] + '/' + run}})\n")
+    proc = run_cli("run", "--nproc-per-node", "2", "--metrics-port", "0", str(script),
+                   str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    a, b = read_json(tmp_path / "a" / "summary.json"), read_json(tmp_path / "b" / "summary.json")
+    assert (a["world_size"], a["epochs"]) == (2, 1) and (b["world_size"], b["epochs"]) == (2, 2)
+    assert b["steps"] == 2 * a["steps"]
+
+
+def test_fit_in_a_group_the_user_joined_with_another_size_is_one_clear_error(
+        tmp_path: Path) -> None:
+    # A one-rank group the script made itself, then an environment saying rank 1 of 2.
+    script = tmp_path / "own_group.py"
+    script.write_text(
+        "import os\nimport torch.distributed as dist\nimport trainer\n"
+        "from trainer.errors import ConfigError\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:' + os.environ['P'],\n"
+        "                        rank=0, world_size=1)\n"
+        "os.environ.update(WORLD_SIZE='2', RANK='1', LOCAL_RANK='1', LOCAL_WORLD_SIZE='2',\n"
+        "                  MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['P'])\n"
+        "try:\n"
+        "    trainer.fit({'data': {'dataset': 'synthetic', 'synthetic_samples': 64}})\n"
+        "except ConfigError as err:\n"
+        "    print('ERROR', err.problem, '|', err.fix)\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "P": str(free_port())}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert "ERROR the process group already joined is rank 0 of 1 (gloo), but this run is " \
+           "rank 1 of 2 (gloo)" in proc.stdout, proc.stdout + proc.stderr
+    assert "destroy the group" in proc.stdout

@@ -119,6 +119,8 @@ def join(ctx: DistContext, cfg: DistConfig) -> DistContext:
     """Create the process group `ctx` describes (a no-op when running alone)."""
     if ctx.initialized or not is_distributed(ctx):
         return ctx
+    if dist.is_initialized():
+        return _reuse(ctx)
     # NCCL's async error handling turns a hung collective into an exception after the timeout
     # instead of a silent hang (torch >= 2.2 reads the TORCH_ prefixed name).
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
@@ -140,6 +142,19 @@ def join(ctx: DistContext, cfg: DistConfig) -> DistContext:
         warnings.simplefilter("ignore", UserWarning)
         dist.init_process_group(backend=ctx.backend, rank=ctx.rank, world_size=ctx.world_size,
                                 timeout=timeout, **kwargs)  # type: ignore[arg-type]
+    return dataclasses.replace(ctx, initialized=True)
+
+
+def _reuse(ctx: DistContext) -> DistContext:
+    """The default group that is already there: a script's second trainer.fit() (the first
+    keeps the group, see :func:`teardown`), or the user's own init_process_group."""
+    rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    if (rank, world) != (ctx.rank, ctx.world_size) or backend != ctx.backend:
+        raise ConfigError(f"the process group already joined is rank {rank} of {world} "
+                          f"({backend}), but this run is rank {ctx.rank} of {ctx.world_size} "
+                          f"({ctx.backend})",
+                          "leave init_process_group to ddp-trainer, or destroy the group "
+                          "before calling trainer.fit()")
     return dataclasses.replace(ctx, initialized=True)
 
 
