@@ -118,7 +118,7 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
     finally:
         stop.uninstall()
         if trainer is not None:
-            trainer.writer.close()
+            trainer.saver.close()
         if metrics is not None:
             linger(cfg.metrics.linger_seconds, metrics.port)  # when this process serves
             metrics.close()

@@ -6,15 +6,14 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer import checkpoint
 from trainer.agreement import Agreement, Collective, Resumed, Verdict, collective
 from trainer.batching import BatchPlan, plan_batches
 from trainer.build import TrainParts
@@ -23,8 +22,10 @@ from trainer.config import JobConfig
 from trainer.distributed import DistContext
 from trainer.errors import Preempted, TrainingDiverged
 from trainer.evaluation import EvalResult, local_sums, reduce_sums, result
-from trainer.interval import Interval, StepLog, progress_bar
+from trainer.interval import Interval
 from trainer.precision import Precision
+from trainer.reporting import IntervalReport, MetricsLogger, Reporter
+from trainer.saving import Saver
 from trainer.steps import as_output
 from trainer.stopping import StopFlag
 from trainer.tree import batch_len, to_device
@@ -32,11 +33,6 @@ from trainer.tree import batch_len, to_device
 log = logging.getLogger(__name__)
 
 _NOTHING = contextlib.nullcontext()
-
-
-class MetricsLogger(Protocol):
-    def log(self, metrics: Mapping[str, float | Sequence[float]], step: int) -> None: ...
-    def close(self) -> None: ...
 
 
 class Trainer:
@@ -50,7 +46,10 @@ class Trainer:
         self.cfg = cfg
         self.ctx = ctx
         self.parts = parts
-        self.metrics = metrics
+        self.reporter = Reporter(
+            metrics, ctx.device, ctx.is_main,
+            Path(cfg.output.dir) / "steps.jsonl" if cfg.output.step_log else None,
+            cfg.optim.grad_clip)
         self.stop = stop or StopFlag()
         self.agreement = Agreement(ctx, self.stop, cfg.train.log_every,
                                    cfg.train.stop_check_seconds, cfg.dist.timeout_seconds,
@@ -88,15 +87,7 @@ class Trainer:
         self.last_eval: EvalResult | None = None
         self.samples_this_run = 0
         """Samples this process trained since it started (for samples_per_second)."""
-        self.step_log = (StepLog(Path(cfg.output.dir) / "steps.jsonl")
-                         if cfg.output.step_log and ctx.is_main else None)
-        """Rank 0's per-step losses (off: output.step_log false, or another rank)."""
-        self.checkpoint_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
-        if self.checkpoint_dir is not None:
-            # Created (and probed) now, not found missing at the first save after an epoch
-            # of training, when the Trainer is used without the runner.
-            checkpoint.check_writable(self.checkpoint_dir)
-        self.writer = checkpoint.AsyncWriter()
+        self.saver = Saver(cfg.checkpoint, ctx.is_main)
         self._config = cfg.to_dict()
         """The config as checkpoints record it (built once: ~0.1 ms a save otherwise)."""
         self._interval = Interval(ctx.device)
@@ -212,12 +203,11 @@ class Trainer:
             log.info("global batch %d = %d per rank x %d ranks x %d accumulation steps; %d "
                      "optimizer steps planned", self.plan.global_batch, self.plan.micro_batch,
                      self.ctx.world_size, self.plan.accum_steps, planned)
-        bar = progress_bar(self.ctx.is_main, planned, self.step)
         start = time.perf_counter()
-        self.metrics.log({"run/resumed_step": float(self.resumed_step or 0)}, self.step)
+        self.reporter.start(planned, self.step, self.resumed_step)
         try:
             while self.epoch < self.cfg.train.epochs and not self._done():
-                consumed = self._train_epoch(loader, planned, bar)
+                consumed = self._train_epoch(loader)
                 self.last_eval = self._validate(epoch_end=True)
                 if consumed is not None:  # stopped by max_steps inside the epoch
                     self._save(consumed)
@@ -228,16 +218,13 @@ class Trainer:
                 self.epoch_loss_sum, self.epoch_loss_count = 0.0, 0
             if self.last_eval is None:  # resumed after the last epoch: nothing left to train
                 self.last_eval = self._validate()
-            self.writer.wait()  # the final checkpoint is durable before the summary says done
+            self.saver.wait()  # the final checkpoint is durable before the summary says done
             self.agreement.drain()
         finally:
-            if bar is not None:
-                bar.close()
-            if self.step_log is not None:
-                self.step_log.close()
+            self.reporter.close()
         return self._summary(time.perf_counter() - start)
 
-    def _train_epoch(self, loader: Any, planned: int, bar: Any) -> int | None:
+    def _train_epoch(self, loader: Any) -> int | None:
         """Run the rest of the current epoch; return None when its data is exhausted, else the
         global sample position reached (max_steps stopped it)."""
         ctx, plan = self.ctx, self.plan
@@ -275,7 +262,7 @@ class Trainer:
             interval.losses.append(step_losses[0] if k == 1 else torch.stack(step_losses).mean())
             interval.epochs.append(self.epoch)
             interval.step_times.append(time.perf_counter() - t0)
-            at_ckpt = self._checkpoint_due() and micro < micro_total
+            at_ckpt = self.saver.due(self.step) and micro < micro_total
             ends_epoch = micro == micro_total
             final = self._done() or (ends_epoch and self.epoch + 1 >= self.cfg.train.epochs)
             saved = at_ckpt or (ends_epoch and self._epoch_end_saved())
@@ -283,7 +270,7 @@ class Trainer:
             if check:
                 position = start_position + micro * positions_per_micro
                 mean_step = interval.mean_step()
-                self._flush(interval, planned, bar)
+                self._flush(interval)
                 interval = self._interval = Interval(ctx.device)
                 # Awaited where progress is saved (a checkpoint, the last step), so a diverged
                 # or stopped model is never written as progress; elsewhere read at the next
@@ -342,83 +329,45 @@ class Trainer:
     def _preempt(self, consumed: int) -> None:
         """Checkpoint where every rank stands and leave with a retryable exit status."""
         saved = self._save(consumed)
-        self.writer.wait()
+        self.saver.wait()
         where = f"checkpoint {saved}" if saved else "the last checkpoint (rank 0 saved it)"
-        if self.checkpoint_dir is None:
+        if self.saver.directory is None:
             where = "nowhere: checkpointing is off"
         raise Preempted(f"stopped by SIGTERM at step {self.step}; progress kept in {where}",
                         "nothing to fix: restarting the job resumes from there")
 
-    def _checkpoint_due(self) -> bool:
-        every = self.cfg.checkpoint.every
-        return self.checkpoint_dir is not None and every > 0 and self.step % every == 0
-
     def _epoch_end_saved(self) -> bool:
-        """Whether the end of the current epoch is checkpointed: every epoch end when
-        `checkpoint.every` is 0; otherwise where a step checkpoint falls due, and the end of
-        training (as Lightning's every_n_train_steps and Hugging Face's save_strategy="steps"
-        replace epoch-end saves)."""
-        if self.checkpoint_dir is None:
-            return False
-        every = self.cfg.checkpoint.every
+        """Whether the end of the current epoch is checkpointed (see Saver.at_epoch_end)."""
         final = self._done() or self.epoch + 1 >= self.cfg.train.epochs
-        return every == 0 or self.step % every == 0 or final
+        return self.saver.at_epoch_end(self.step, final)
 
     def _end_epoch_losses(self, interval: Interval) -> None:
         """Add the current epoch's steps of the interval to the epoch's loss sums without
-        ending the interval (a flush exports metrics: ~0.6 ms on rank 0, once a fast epoch
+        ending the interval (a flush exports metrics: ~0.1 ms, once a fast epoch
         otherwise). A loss that is not finite is caught by the interval's flush."""
         part = interval.epoch_losses()
         self.epoch_loss_sum += _fsum(part)
         self.epoch_loss_count += len(part)
 
-    def _flush(self, interval: Interval, planned: int, bar: Any) -> None:
-        """Read the interval's values (one device sync) and export them. A loss that is not
+    def _flush(self, interval: Interval) -> None:
+        """Read the interval's values (one device sync) and report them. A loss that is not
         finite is kept in `_diverged_value`: the next check stops every rank (see _act)."""
         losses, correct, count, grad_norm = interval.totals()
         loss_sum = _fsum(losses)
         if not math.isfinite(loss_sum):
-            # Exported at once, so the loss-not-finite alert fires even though the job stops.
-            self.metrics.log({"train/loss": loss_sum / len(losses)}, self.step)
+            self.reporter.diverged(loss_sum / len(losses), self.step)
             if self._diverged_value is None:
                 log.warning("training loss became %s on this rank by step %d; stopping with "
                             "the other ranks at the next check", loss_sum, self.step)
             self._diverged_value = loss_sum
             return
-        steps = len(losses)
         # The steps of earlier epochs in this interval were added at their epoch's end.
         self.epoch_loss_sum += _fsum(losses[interval.epoch_from:])
-        self.epoch_loss_count += steps - interval.epoch_from
+        self.epoch_loss_count += len(losses) - interval.epoch_from
         self.samples_this_run += interval.samples
-        if self.step_log is not None:
-            self.step_log.append(self.step, interval.epochs, losses)
-        mean_loss = loss_sum / steps
-        accuracy = correct / count if count else 0.0
-        metrics: dict[str, float | Sequence[float]] = {
-            "train/loss": mean_loss,
-            "train/accuracy": accuracy,
-            "train/steps": float(steps),
-            "train/samples": float(interval.samples),
-            "train/step_seconds": interval.step_times,
-            "train/data_wait_seconds": interval.wait,
-            "train/lr": float(self.optimizer.param_groups[0]["lr"]),
-            "train/skipped_steps": float(interval.skipped),
-            "train/epoch": float(self.epoch),
-            "train/progress_ratio": min(1.0, self.step / planned) if planned else 1.0,
-            "train/last_step_timestamp": time.time(),
-        }
-        if self.cfg.optim.grad_clip > 0:
-            metrics["train/grad_norm"] = grad_norm
-        if self.ctx.device.type == "cuda":
-            metrics["cuda/memory_allocated_bytes"] = float(torch.cuda.memory_allocated())
-            metrics["cuda/max_memory_allocated_bytes"] = float(torch.cuda.max_memory_allocated())
-        self.metrics.log(metrics, self.step)
-        if bar is not None:
-            bar.update(steps)
-            bar.set_postfix(epoch=self.epoch, loss=f"{mean_loss:.4f}")
-        elif self.ctx.is_main:
-            log.info("epoch %d step %d loss %.4f acc %.3f", self.epoch, self.step, mean_loss,
-                     accuracy)
+        self.reporter.interval(IntervalReport(
+            self.step, self.epoch, losses, loss_sum, correct, count, grad_norm,
+            float(self.optimizer.param_groups[0]["lr"])), interval)
 
     def _reduce_epoch_loss(self) -> tuple[float, int]:
         """Sum and count over ranks (never a mean of per-rank means)."""
@@ -444,29 +393,17 @@ class Trainer:
         if epoch_end:
             loss_sum, count = total[3:].tolist()
             self.train_loss = loss_sum / count if count else self.train_loss
-        self.metrics.log({
-            "val/loss": local.loss, "val/accuracy": local.accuracy,
-            "val/correct": float(local.correct), "val/total": float(local.total),
-            "val/global_loss": glob.loss, "val/global_accuracy": glob.accuracy,
-            "val/global_correct": float(glob.correct), "val/global_total": float(glob.total),
-        }, self.step)
-        if self.ctx.is_main:
-            log.info("epoch %d step %d validation accuracy %.4f (%d/%d) loss %.4f", self.epoch,
-                     self.step, glob.accuracy, glob.correct, glob.total, glob.loss)
+        self.reporter.validation(local, glob, self.epoch, self.step)
         return glob
 
     def _save(self, consumed: int | None) -> Path | None:
         """Checkpoint (collective: all ranks call it; rank 0 writes, in the background)."""
-        directory = self.checkpoint_dir
-        if directory is None:
+        if self.saver.directory is None:
             return None
         saved_loss = self._saved_epoch_loss(consumed)
-        if not self.ctx.is_main:
-            return None  # only rank 0 writes: the others need not build the state
-        state = self._state(consumed, *saved_loss)
-        path = self.writer.submit(directory, self.step, state, self.cfg.checkpoint.keep)
-        self.metrics.log({"checkpoint/last_timestamp": time.time()}, self.step)
-        log.debug("saved %s", path)
+        path = self.saver.save(self.step, lambda: self._state(consumed, *saved_loss))
+        if path is not None:
+            self.reporter.saved(self.step)
         return path
 
     def _summary(self, wall: float) -> dict[str, Any]:

@@ -1,0 +1,122 @@
+"""What the loop reports: one log interval, one validation, the run's summary.
+
+The Trainer decides *when* (once per agreed check interval, once per validation) and hands
+over plain numbers; the :class:`Reporter` turns them into metrics (behind ``log(metrics,
+step)``), rank 0's ``steps.jsonl`` lines and the progress line or bar. Nothing here talks to the
+other ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from trainer.evaluation import EvalResult
+from trainer.interval import Interval, StepLog, progress_bar
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLogger(Protocol):
+    def log(self, metrics: Mapping[str, float | Sequence[float]], step: int) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class IntervalReport:
+    """An interval's values, read with its one device sync (see :meth:`Interval.totals`)."""
+
+    step: int
+    """The last step of the interval."""
+    epoch: int
+    losses: list[float]
+    """Per-step training losses (all finite)."""
+    loss_sum: float
+    """Their exact sum (math.fsum)."""
+    correct: float
+    count: float
+    grad_norm: float
+    lr: float
+
+
+class Reporter:
+    """Exports what the Trainer measured; rank 0 also writes the step log and the progress."""
+
+    def __init__(self, metrics: MetricsLogger, device: torch.device, is_main: bool,
+                 step_log: Path | None, grad_clip: float) -> None:
+        self.metrics = metrics
+        self.device = device
+        self.is_main = is_main
+        self.step_log = StepLog(step_log) if step_log is not None and is_main else None
+        """Rank 0's per-step losses (off: output.step_log false, or another rank)."""
+        self.grad_clip = grad_clip
+        self.planned = 0
+        self._bar: Any = None
+
+    def start(self, planned: int, step: int, resumed_step: int | None) -> None:
+        self.planned = planned
+        self._bar = progress_bar(self.is_main, planned, step)
+        self.metrics.log({"run/resumed_step": float(resumed_step or 0)}, step)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.step_log is not None:
+            self.step_log.close()
+
+    def diverged(self, loss: float, step: int) -> None:
+        """Exported at once, so the loss-not-finite alert fires even though the job stops."""
+        self.metrics.log({"train/loss": loss}, step)
+
+    def interval(self, r: IntervalReport, interval: Interval) -> None:
+        steps = len(r.losses)
+        if self.step_log is not None:
+            self.step_log.append(r.step, interval.epochs, r.losses)
+        mean_loss = r.loss_sum / steps
+        accuracy = r.correct / r.count if r.count else 0.0
+        metrics: dict[str, float | Sequence[float]] = {
+            "train/loss": mean_loss,
+            "train/accuracy": accuracy,
+            "train/steps": float(steps),
+            "train/samples": float(interval.samples),
+            "train/step_seconds": interval.step_times,
+            "train/data_wait_seconds": interval.wait,
+            "train/lr": r.lr,
+            "train/skipped_steps": float(interval.skipped),
+            "train/epoch": float(r.epoch),
+            "train/progress_ratio": min(1.0, r.step / self.planned) if self.planned else 1.0,
+            "train/last_step_timestamp": time.time(),
+        }
+        if self.grad_clip > 0:
+            metrics["train/grad_norm"] = r.grad_norm
+        if self.device.type == "cuda":
+            metrics["cuda/memory_allocated_bytes"] = float(torch.cuda.memory_allocated())
+            metrics["cuda/max_memory_allocated_bytes"] = float(torch.cuda.max_memory_allocated())
+        self.metrics.log(metrics, r.step)
+        if self._bar is not None:
+            self._bar.update(steps)
+            self._bar.set_postfix(epoch=r.epoch, loss=f"{mean_loss:.4f}")
+        elif self.is_main:
+            log.info("epoch %d step %d loss %.4f acc %.3f", r.epoch, r.step, mean_loss,
+                     accuracy)
+
+    def saved(self, step: int) -> None:
+        self.metrics.log({"checkpoint/last_timestamp": time.time()}, step)
+
+    def validation(self, local: EvalResult, glob: EvalResult, epoch: int, step: int) -> None:
+        self.metrics.log({
+            "val/loss": local.loss, "val/accuracy": local.accuracy,
+            "val/correct": float(local.correct), "val/total": float(local.total),
+            "val/global_loss": glob.loss, "val/global_accuracy": glob.accuracy,
+            "val/global_correct": float(glob.correct), "val/global_total": float(glob.total),
+        }, step)
+        if self.is_main:
+            log.info("epoch %d step %d validation accuracy %.4f (%d/%d) loss %.4f", epoch,
+                     step, glob.accuracy, glob.correct, glob.total, glob.loss)
