@@ -53,8 +53,9 @@ def counts_vector(values: Sequence[Tensor | int], device: torch.device) -> Tenso
     costs ~0.1 us, an in-place add on the device ~4 us a step."""
     if all(isinstance(v, int) for v in values):
         return torch.tensor(values, dtype=torch.float64, device=device)
-    return torch.stack([v if isinstance(v, Tensor) else torch.tensor(v, device=device)
-                        for v in values]).double()
+    # A user step may count on the CPU while its model runs on a GPU.
+    return torch.stack([(v if v.device == device else v.to(device)) if isinstance(v, Tensor)
+                        else torch.tensor(v, device=device) for v in values]).double()
 
 
 def as_output(result: Any, where: str = "train.step") -> StepOutput:

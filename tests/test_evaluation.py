@@ -1,0 +1,46 @@
+"""This rank's evaluation sums: counts kept per batch and summed once, the loss weighted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.evaluation import local_sums, result
+from trainer.steps import StepOutput, counts_vector
+
+
+def test_counts_of_mixed_kinds_sum_exactly_as_float64() -> None:
+    counts: list[torch.Tensor | int] = [3, torch.tensor(4), torch.tensor(5, dtype=torch.int32),
+                                        2**40]
+    vector = counts_vector(counts, torch.device("cpu"))
+    assert vector.dtype == torch.float64 and vector.tolist() == [3.0, 4.0, 5.0, 2.0**40]
+    assert counts_vector([], torch.device("cpu")).sum().item() == 0.0
+
+
+def test_local_sums_weight_each_batch_loss_by_its_count_and_cut_the_padding() -> None:
+    # Batch b holds values b, with loss b and b correct of its count; the last batch is half
+    # padding, which the step must never see.
+    batches = [torch.full((4, 1), 1.0), torch.full((4, 1), 2.0), torch.full((4, 1), 3.0)]
+    seen: list[int] = []
+
+    def step(model: nn.Module, batch: Any) -> StepOutput:
+        seen.append(len(batch))
+        value = batch[0, 0]
+        n = len(batch)
+        # One count as an int, the others as tensors: both kinds are summed.
+        count: torch.Tensor | int = n if value == 1.0 else torch.tensor(n)
+        return StepOutput(value.clone(), torch.tensor(int(value.item())), count)
+
+    sums = local_sums(nn.Identity(), step, batches, num_valid=10, device=torch.device("cpu"))
+    assert seen == [4, 4, 2]
+    r = result(sums)
+    assert (r.correct, r.total) == (1 + 2 + 3, 10)
+    assert r.loss_sum == 1.0 * 4 + 2.0 * 4 + 3.0 * 2
+
+
+def test_local_sums_of_no_real_samples_are_zero() -> None:
+    sums = local_sums(nn.Identity(), lambda m, b: None, [torch.zeros(2, 1)], num_valid=0,
+                      device=torch.device("cpu"))
+    assert sums.tolist() == [0.0, 0.0, 0.0]
