@@ -31,11 +31,12 @@ repeat's own ratios are printed, over all repeats and over the clean ones: on a 
 hypervisor's steal time (``/proc/stat``) is recorded for every run, and a repeat in which any
 side lost more than ``--max-steal`` (2 %) of the CPU to other guests is not clean.
 
-Separate processes of one build differ by up to ~10 % here (the same bare loop ran at 34.7 or
-38-39 ms an epoch, by process), which is more than the loop cost being measured. So ours /
-batched is also measured *paired*: ``ddp-trainer run`` starts a script whose two ranks alternate
-``trainer.fit()`` (what ``ddp-trainer train`` runs: the same checkpoints, metrics endpoint and
-step log) and the batched loop, ``--paired-repeats`` times, in the same processes.
+Separate processes of one build differ by up to ~10 % here (the same bare loop ran at 34.7 ms
+an epoch in one pair of ranks, 38.0 ms in another), more than the loop cost being measured.
+So ours / batched is also measured *paired*: ``ddp-trainer run`` starts a script whose two
+ranks alternate ``trainer.fit()`` (what ``ddp-trainer train`` runs: the same checkpoints,
+metrics endpoint and step log) and the batched loop, ``--paired-repeats`` times, in the same
+processes.
 
 Targets: ours / per-sample >= 1.00, ours / batched >= 0.97.
 
@@ -184,8 +185,9 @@ def paired_rank(name: str, checkpoint_every: str, repeats: str, out: str) -> Non
     """One rank of the paired measurement, started by ``ddp-trainer run`` (script mode): the
     same two processes alternate trainer.fit() (what ``ddp-trainer train`` runs: checkpoints,
     metrics to the launcher's endpoint, step log) and the bare batched loop. Separate
-    processes of one build differ by up to ~10 % here (the same loop ran at 34.7 or 38-39 ms
-    an epoch, by process), which separate runs cannot tell from the loop's own cost."""
+    processes of one build differ by up to ~10 % here (the same loop ran at 34.7 ms an epoch in
+    one pair of ranks, 38.0 ms in another), which separate runs cannot tell from the loop's
+    own cost."""
     import torch.distributed as dist
 
     import trainer
