@@ -168,6 +168,51 @@ def test_a_trainer_with_an_unwritable_checkpoint_dir_fails_before_training(
         trainer.trainer.Trainer(cfg, _ALONE, _hand_made_parts(5), NullSink())
 
 
+class _WorkerLoader:
+    """A loader that says it forks worker processes, and records whether a checkpoint write
+    was running each time it was started."""
+
+    num_workers = 2
+
+    def __init__(self, loader: Any, writer: checkpoint.AsyncWriter, seen: list[bool]) -> None:
+        self.loader, self.writer, self.seen = loader, writer, seen
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Any:
+        self.seen.append(self.writer.in_flight())
+        return iter(self.loader)
+
+
+def test_loaders_with_workers_start_only_when_no_checkpoint_write_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fork while the writer thread is inside torch.save can deadlock a worker (seen in CI).
+    import time
+
+    from trainer.trainer import Trainer
+
+    save = checkpoint.save
+
+    def slow_save(*args: Any) -> Path:
+        time.sleep(0.2)  # a write still running when the next loader starts, unless awaited
+        return save(*args)
+
+    monkeypatch.setattr(checkpoint, "save", slow_save)
+    ctx, parts = _ALONE, _hand_made_parts(5)
+    cfg = JobConfig()
+    cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 3, 16, str(tmp_path)
+    cfg.checkpoint.dir = str(tmp_path / "c")  # checkpoint.every 0: a save every epoch end
+    t = Trainer(cfg, ctx, parts, NullSink())
+    seen: list[bool] = []
+    train_loader = parts.train_loader
+    parts.train_loader = lambda micro: _WorkerLoader(train_loader(micro), t.saver.writer, seen)
+    parts.val_loader = _WorkerLoader(parts.val_loader, t.saver.writer, seen)  # type: ignore[assignment]
+    summary = t.train()
+    assert summary["epochs"] == 3 and len(checkpoint.list_checkpoints(tmp_path / "c")) == 3
+    assert seen == [False] * 6  # 3 epochs and 3 validations, never beside a write
+
+
 class _Recorder:
     """A MetricsLogger that keeps what it is given."""
 

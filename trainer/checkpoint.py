@@ -141,6 +141,10 @@ class AsyncWriter:
         self._pending = self._pool.submit(save, directory, step, copy, keep)
         return checkpoint_path(directory, step)
 
+    def in_flight(self) -> bool:
+        """Whether a submitted write is still running."""
+        return self._pending is not None and not self._pending.done()
+
     def wait(self) -> Path | None:
         """Block until the pending write is durable; re-raise its error."""
         pending, self._pending = self._pending, None

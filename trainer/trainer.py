@@ -234,6 +234,7 @@ class Trainer:
         positions_per_micro = plan.micro_batch * ctx.world_size
         self.model.train()
         interval = self._interval
+        self._before_workers_fork(loader)
         it = iter(loader)
         micro = 0
         while micro < micro_total and not self._done():
@@ -305,6 +306,14 @@ class Trainer:
             self.updates += 1
         else:
             interval.skipped += 1
+
+    def _before_workers_fork(self, loader: Any) -> None:
+        """Let a checkpoint write in flight finish before `loader` forks its worker processes:
+        a fork while the writer thread is inside torch.save can leave a worker waiting forever
+        on a lock that thread held (a 2-rank run with 2 workers hung at the validation right
+        after a save, in CI). Costs a wait only where a save just began (an epoch end)."""
+        if getattr(loader, "num_workers", 0) > 0:
+            self.saver.wait()
 
     def _compile_errors(self) -> contextlib.AbstractContextManager[None]:
         return compile_errors() if self.cfg.train.compile else _NOTHING
@@ -382,6 +391,7 @@ class Trainer:
     def _validate(self, epoch_end: bool = False) -> EvalResult:
         """Evaluate; at an epoch end the same reduction also sums the epoch's training loss
         (one collective for both) into `train_loss`."""
+        self._before_workers_fork(self.parts.val_loader)
         sums = local_sums(self.raw_model, self.step_fn, self.parts.val_loader,
                           self.parts.val_valid, self.ctx.device)
         if epoch_end:
