@@ -312,8 +312,14 @@ class Trainer:
         a fork while the writer thread is inside torch.save can leave a worker waiting forever
         on a lock that thread held (a 2-rank run with 2 workers hung at the validation right
         after a save, in CI). Costs a wait only where a save just began (an epoch end)."""
-        if getattr(loader, "num_workers", 0) > 0:
-            self.saver.wait()
+        if getattr(loader, "num_workers", 0) <= 0:
+            return
+        # Persistent workers are forked once, at the loader's first iteration; torch keeps
+        # them in DataLoader._iterator (torch/utils/data/dataloader.py, __iter__).
+        if getattr(loader, "persistent_workers", False) and \
+                getattr(loader, "_iterator", None) is not None:
+            return
+        self.saver.wait()
 
     def _compile_errors(self) -> contextlib.AbstractContextManager[None]:
         return compile_errors() if self.cfg.train.compile else _NOTHING
