@@ -98,7 +98,7 @@ class Trainer:
         # failure is a lost rank.
         self._grad_comm: contextlib.AbstractContextManager[None] = (
             Collective("the gradient all-reduce", cfg.dist.timeout_seconds)
-            if ctx.initialized else contextlib.nullcontext())
+            if ctx.initialized else _NOTHING)
 
     # -- checkpointable state ------------------------------------------------------------
     def state_dict(self, consumed: int | None) -> dict[str, Any]:
