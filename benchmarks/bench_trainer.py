@@ -43,6 +43,8 @@ Targets: ours / per-sample >= 1.00, ours / batched >= 0.97.
     python benchmarks/bench_trainer.py [--repeats 5] [--workload digits|mlp256|all]
                                         [--max-steal 0.02] [--checkpoint-every 500]
                                         [--paired-repeats 6]
+
+``--repeats 0`` measures the paired mode alone; ``--paired-repeats 0`` the separate one alone.
 """
 
 from __future__ import annotations
@@ -251,7 +253,8 @@ def run_ours(name: str, checkpoint_every: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5,
+                   help="alternations of the three loops in separate processes (0: none)")
     p.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     p.add_argument("--max-steal", type=float, default=0.02,
                    help="host steal ratio above which a repeat is not clean (default 0.02)")
@@ -268,46 +271,56 @@ def main() -> None:
           "| ours / batched |")
     print("|---|---|---|---|---|---|")
     for name in names:
-        runs: dict[str, list[float]] = {"per-sample": [], "batched": [], "ours": []}
-        stolen: dict[str, list[float]] = {k: [] for k in runs}
-        for _ in range(a.repeats):
-            for side in runs:
-                before = _cpu_ticks()
-                runs[side].append(run_bare(name, side) if side != "ours"
-                                  else run_ours(name, a.checkpoint_every))
-                stolen[side].append(_steal_ratio(before, _cpu_ticks()))
-        # A repeat is clean when no side lost more than --max-steal of the CPU to other guests
-        # (runs that did are 10-45 % slower here); every side of it is kept or dropped.
-        clean = [i for i in range(a.repeats) if max(stolen[k][i] for k in runs) <= a.max_steal]
-        for label, kept in (("all", list(range(a.repeats))), ("clean", clean)):
-            if not kept:
-                print(f"| {name} ({label}: none of {a.repeats} repeats) | | | | | |")
-                continue
-            med = {k: statistics.median(v[i] for i in kept) for k, v in runs.items()}
-            print(f"| {name} ({label}: {len(kept)} of {a.repeats} repeats) | "
-                  f"{med['per-sample']:,.0f} | {med['batched']:,.0f} | {med['ours']:,.0f} | "
-                  f"{med['ours'] / med['per-sample']:.3f} | {med['ours'] / med['batched']:.3f} |",
-                  flush=True)
-        for k, v in runs.items():
-            print(f"  {name} {k}: {', '.join(f'{x:,.0f}' for x in v)} (host steal "
-                  f"{', '.join(f'{x:.0%}' for x in stolen[k])})", flush=True)
-        # Neighbouring runs share the host's load of the moment: their ratios drift less.
-        paired = {base: statistics.median(o / x for o, x in zip(runs["ours"], runs[base],
-                                                                 strict=True))
-                  for base in ("per-sample", "batched")}
-        print(f"  {name} median of per-repeat ratios (all repeats): ours / per-sample "
-              f"{paired['per-sample']:.3f}, ours / batched {paired['batched']:.3f}", flush=True)
+        if a.repeats:
+            separate(name, a)
         if a.paired_repeats:
-            same = run_paired(name, a.checkpoint_every, a.paired_repeats)
-            med = {k: statistics.median(v) for k, v in same.items()}
-            pairs = statistics.median(o / b for o, b in zip(same["ours"], same["batched"],
-                                                            strict=True))
-            print(f"| {name} (paired: {a.paired_repeats} alternations in the same 2 ranks) | | "
-                  f"{med['batched']:,.0f} | {med['ours']:,.0f} | | "
-                  f"{med['ours'] / med['batched']:.3f} (per pair {pairs:.3f}) |", flush=True)
-            for k, v in same.items():
-                print(f"  {name} paired {k}: {', '.join(f'{x:,.0f}' for x in v)}", flush=True)
+            paired_only(name, a)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+def separate(name: str, a: argparse.Namespace) -> None:
+    """The three loops in separate processes, alternating, ``--repeats`` times."""
+    runs: dict[str, list[float]] = {"per-sample": [], "batched": [], "ours": []}
+    stolen: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(a.repeats):
+        for side in runs:
+            before = _cpu_ticks()
+            runs[side].append(run_bare(name, side) if side != "ours"
+                              else run_ours(name, a.checkpoint_every))
+            stolen[side].append(_steal_ratio(before, _cpu_ticks()))
+    # A repeat is clean when no side lost more than --max-steal of the CPU to other guests
+    # (runs that did are 10-45 % slower here); every side of it is kept or dropped.
+    clean = [i for i in range(a.repeats) if max(stolen[k][i] for k in runs) <= a.max_steal]
+    for label, kept in (("all", list(range(a.repeats))), ("clean", clean)):
+        if not kept:
+            print(f"| {name} ({label}: none of {a.repeats} repeats) | | | | | |")
+            continue
+        med = {k: statistics.median(v[i] for i in kept) for k, v in runs.items()}
+        print(f"| {name} ({label}: {len(kept)} of {a.repeats} repeats) | "
+              f"{med['per-sample']:,.0f} | {med['batched']:,.0f} | {med['ours']:,.0f} | "
+              f"{med['ours'] / med['per-sample']:.3f} | {med['ours'] / med['batched']:.3f} |",
+              flush=True)
+    for k, v in runs.items():
+        print(f"  {name} {k}: {', '.join(f'{x:,.0f}' for x in v)} (host steal "
+              f"{', '.join(f'{x:.0%}' for x in stolen[k])})", flush=True)
+    # Neighbouring runs share the host's load of the moment: their ratios drift less.
+    paired = {base: statistics.median(o / x for o, x in zip(runs["ours"], runs[base],
+                                                             strict=True))
+              for base in ("per-sample", "batched")}
+    print(f"  {name} median of per-repeat ratios (all repeats): ours / per-sample "
+          f"{paired['per-sample']:.3f}, ours / batched {paired['batched']:.3f}", flush=True)
+
+
+def paired_only(name: str, a: argparse.Namespace) -> None:
+    """Ours and the batched loop alternating in the same two ranks."""
+    same = run_paired(name, a.checkpoint_every, a.paired_repeats)
+    med = {k: statistics.median(v) for k, v in same.items()}
+    pairs = statistics.median(o / b for o, b in zip(same["ours"], same["batched"], strict=True))
+    print(f"| {name} (paired: {a.paired_repeats} alternations in the same 2 ranks) | | "
+          f"{med['batched']:,.0f} | {med['ours']:,.0f} | | "
+          f"{med['ours'] / med['batched']:.3f} (per pair {pairs:.3f}) |", flush=True)
+    for k, v in same.items():
+        print(f"  {name} paired {k}: {', '.join(f'{x:,.0f}' for x in v)}", flush=True)
 
 
 if __name__ == "__main__":
