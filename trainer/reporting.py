@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from trainer.evaluation import EvalResult
-from trainer.interval import Interval, StepLog, progress_bar
+from trainer.interval import StepLog, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,8 @@ class MetricsLogger(Protocol):
 
 @dataclass(frozen=True)
 class IntervalReport:
-    """An interval's values, read with its one device sync (see :meth:`Interval.totals`)."""
+    """An interval's values as plain numbers: its tensors read with its one device sync (see
+    :meth:`Interval.totals`), its counters as they were kept."""
 
     step: int
     """The last step of the interval."""
@@ -39,10 +40,16 @@ class IntervalReport:
     """Per-step training losses (all finite)."""
     loss_sum: float
     """Their exact sum (math.fsum)."""
+    epochs: list[int]
+    """The epoch of each step in `losses`."""
     correct: float
     count: float
     grad_norm: float
     lr: float
+    samples: int
+    step_seconds: list[float]
+    data_wait_seconds: float
+    skipped: int
 
 
 class Reporter:
@@ -75,21 +82,21 @@ class Reporter:
         """Exported at once, so the loss-not-finite alert fires even though the job stops."""
         self.metrics.log({"train/loss": loss}, step)
 
-    def interval(self, r: IntervalReport, interval: Interval) -> None:
+    def interval(self, r: IntervalReport) -> None:
         steps = len(r.losses)
         if self.step_log is not None:
-            self.step_log.append(r.step, interval.epochs, r.losses)
+            self.step_log.append(r.step, r.epochs, r.losses)
         mean_loss = r.loss_sum / steps
         accuracy = r.correct / r.count if r.count else 0.0
         metrics: dict[str, float | Sequence[float]] = {
             "train/loss": mean_loss,
             "train/accuracy": accuracy,
             "train/steps": float(steps),
-            "train/samples": float(interval.samples),
-            "train/step_seconds": interval.step_times,
-            "train/data_wait_seconds": interval.wait,
+            "train/samples": float(r.samples),
+            "train/step_seconds": r.step_seconds,
+            "train/data_wait_seconds": r.data_wait_seconds,
             "train/lr": r.lr,
-            "train/skipped_steps": float(interval.skipped),
+            "train/skipped_steps": float(r.skipped),
             "train/epoch": float(r.epoch),
             "train/progress_ratio": min(1.0, r.step / self.planned) if self.planned else 1.0,
             "train/last_step_timestamp": time.time(),

@@ -381,8 +381,11 @@ class Trainer:
         self.epoch_loss_count += len(losses) - interval.epoch_from
         self.samples_this_run += interval.samples
         self.reporter.interval(IntervalReport(
-            self.step, self.epoch, losses, loss_sum, correct, count, grad_norm,
-            float(self.optimizer.param_groups[0]["lr"])), interval)
+            step=self.step, epoch=self.epoch, losses=losses, loss_sum=loss_sum,
+            epochs=interval.epochs, correct=correct, count=count, grad_norm=grad_norm,
+            lr=float(self.optimizer.param_groups[0]["lr"]), samples=interval.samples,
+            step_seconds=interval.step_times, data_wait_seconds=interval.wait,
+            skipped=interval.skipped))
 
     def _reduce_epoch_loss(self) -> tuple[float, int]:
         """Sum and count over ranks (never a mean of per-rank means)."""
