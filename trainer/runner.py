@@ -108,7 +108,9 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
             path = write_json(cfg.output.dir, "summary.json", summary)
             log.info("done: %d steps, %.0f samples/s, train loss %.4f, val accuracy %.4f "
                      "(%d/%d) -> %s", summary["steps"], summary["samples_per_second"],
-                     summary["train_loss"] or float("nan"), summary["val_accuracy"],
+                     # None (no step this run) prints nan; a loss of exactly 0.0 prints 0.0000
+                     float("nan") if summary["train_loss"] is None else summary["train_loss"],
+                     summary["val_accuracy"],
                      summary["val_correct"], summary["val_total"], path)
         metrics.log({"run/completed": 1.0}, summary["steps"])
         return summary
