@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
@@ -173,6 +174,7 @@ class _WorkerLoader:
     was running each time it was started."""
 
     num_workers = 2
+    multiprocessing_context = multiprocessing.get_context("fork")
 
     def __init__(self, loader: Any, writer: checkpoint.AsyncWriter, seen: list[bool]) -> None:
         self.loader, self.writer, self.seen = loader, writer, seen
@@ -187,7 +189,8 @@ class _WorkerLoader:
 
 def test_loaders_with_workers_start_only_when_no_checkpoint_write_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A fork while the writer thread is inside torch.save can deadlock a worker (seen in CI).
+    # A fork while the writer thread is inside torch.save can deadlock a worker
+    # (data.worker_start=fork; seen in CI).
     import time
 
     from trainer.trainer import Trainer
@@ -263,6 +266,28 @@ def test_a_script_calling_fit_twice_on_two_ranks_trains_both_runs(tmp_path: Path
     a, b = read_json(tmp_path / "a" / "summary.json"), read_json(tmp_path / "b" / "summary.json")
     assert (a["world_size"], a["epochs"]) == (2, 1) and (b["world_size"], b["epochs"]) == (2, 2)
     assert b["steps"] == 2 * a["steps"]
+
+
+def test_a_script_whose_dataset_class_is_in_the_script_loads_with_workers(
+        tmp_path: Path) -> None:
+    # Workers start from a forkserver (data.worker_start): the dataset pickles as
+    # __main__.Squares, which the workers find because the script is their __main__ too.
+    script = tmp_path / "own_data.py"
+    script.write_text(
+        "import sys\nimport torch\nimport trainer\n"
+        "class Squares(torch.utils.data.Dataset):\n"
+        "    num_classes, sample_shape = 2, (2,)\n"
+        "    def __len__(self):\n        return 256\n"
+        "    def __getitem__(self, i):\n"
+        "        return torch.tensor([float(i % 7), 1.0]), i % 7 % 2\n"
+        "if __name__ == '__main__':\n"
+        "    trainer.fit({'data': {'num_workers': 1}, 'train': {'epochs': 2, 'batch_size': 32},\n"
+        "                 'output': {'dir': sys.argv[1]}}, dataset=Squares())\n")
+    proc = run_cli("run", "--nproc-per-node", "2", "--metrics-port", "0", str(script),
+                   str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    summary = read_json(tmp_path / "out" / "summary.json")
+    assert (summary["world_size"], summary["epochs"], summary["val_total"]) == (2, 2, 51)
 
 
 def test_fit_in_a_group_the_user_joined_with_another_size_is_one_clear_error(

@@ -25,6 +25,7 @@ from trainer.plugins import is_import_path
 
 DATASET_NAMES = ("digits", "synthetic")
 DATA_FORMATS = ("auto", "npy", "images", "arrow", "parquet", "csv", "npz")
+WORKER_STARTS = ("forkserver", "spawn", "fork")
 MODEL_NAMES = ("mymodel", "mlp", "cnn")
 STEP_NAMES = ("classification",)
 OPTIMIZERS = ("sgd", "adamw", "adam")
@@ -86,6 +87,14 @@ class DataConfig:
     persistent_workers: bool = True
     """Keep the workers between epochs (with `num_workers` > 0) instead of restarting them
     and re-opening the data every epoch."""
+    worker_start: str = "forkserver"
+    """How worker processes start (with `num_workers` > 0): `forkserver` forks them from a
+    clean single-threaded server, so no lock held by a training thread can hang them; `spawn`
+    starts fresh interpreters (slower); `fork` copies the training process (the dataset need
+    not pickle, but a worker can then hang for ever on CPython 3.11.7 and older: gloo's
+    threads take an interpreter lock every step, python/cpython#112275). With `forkserver` and
+    `spawn` the dataset is pickled to each worker and a user script needs
+    `if __name__ == "__main__":`."""
 
 
 @dataclass
@@ -384,6 +393,8 @@ def validate(cfg: JobConfig) -> None:
     _require(d.num_classes >= 0, "data.num_classes", "must be >= 0", "use 0 to infer it")
     _require(d.num_workers >= 0, "data.num_workers", "must be >= 0", "use 0 or more")
     _require(d.prefetch_factor >= 1, "data.prefetch_factor", "must be >= 1", "use e.g. 2")
+    _require(d.worker_start in WORKER_STARTS, "data.worker_start",
+             f"unknown start method {d.worker_start!r}", f"use one of {', '.join(WORKER_STARTS)}")
     _require(d.format in DATA_FORMATS, "data.format", f"unknown format {d.format!r}",
              f"use one of {', '.join(DATA_FORMATS)}")
     _require(d.image_size >= 8, "data.image_size", f"{d.image_size} < 8", "use e.g. 224")

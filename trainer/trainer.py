@@ -23,6 +23,7 @@ from trainer.distributed import DistContext
 from trainer.errors import Preempted, TrainingDiverged
 from trainer.evaluation import EvalResult, local_sums, reduce_sums, result
 from trainer.interval import Interval
+from trainer.loaders import forks_training_process
 from trainer.precision import Precision
 from trainer.reporting import IntervalReport, MetricsLogger, Reporter
 from trainer.saving import Saver
@@ -222,6 +223,8 @@ class Trainer:
             self.agreement.drain()
         finally:
             self.reporter.close()
+            for done in (loader, self.parts.val_loader):
+                getattr(done, "close", lambda: None)()  # their workers, before os._exit
         return self._summary(time.perf_counter() - start)
 
     def _train_epoch(self, loader: Any) -> int | None:
@@ -308,11 +311,11 @@ class Trainer:
             interval.skipped += 1
 
     def _before_workers_fork(self, loader: Any) -> None:
-        """Let a checkpoint write in flight finish before `loader` forks its worker processes:
-        a fork while the writer thread is inside torch.save can leave a worker waiting forever
-        on a lock that thread held (a 2-rank run with 2 workers hung at the validation right
-        after a save, in CI). Costs a wait only where a save just began (an epoch end)."""
-        if getattr(loader, "num_workers", 0) <= 0:
+        """Let a checkpoint write in flight finish before `loader` forks this process into
+        workers (`data.worker_start=fork`): a fork while the writer thread is inside
+        torch.save can leave a worker waiting for ever on a lock that thread held. Costs a
+        wait only where a save just began (an epoch end)."""
+        if not forks_training_process(loader):
             return
         # Persistent workers are forked once, at the loader's first iteration; torch keeps
         # them in DataLoader._iterator (torch/utils/data/dataloader.py, __iter__).

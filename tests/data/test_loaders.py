@@ -1,9 +1,12 @@
-"""DataLoaders: worker options, seeds distinct per rank and worker, epoch-tagged batches,
-errors from workers raised as themselves."""
+"""DataLoaders: worker options, how workers start, seeds distinct per rank and worker,
+epoch-tagged batches, errors from workers raised as themselves."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -95,9 +98,13 @@ def test_a_trainer_error_in_a_worker_is_raised_as_itself(error: type) -> None:
         assert "raised in a DataLoader worker" in "".join(info.value.__notes__)
 
 
+def _value_error(problem: str, fix: str) -> ValueError:
+    return ValueError(problem)
+
+
 def test_other_errors_in_a_worker_keep_torchs_report() -> None:
     with pytest.raises(ValueError, match="Caught ValueError in DataLoader worker"):
-        _batches(0, workers=1, world=1, fail_at=3, error=lambda problem, fix: ValueError(problem))
+        _batches(0, workers=1, world=1, fail_at=3, error=_value_error)
 
 
 def test_worker_options_reach_the_loader_and_an_int_still_works() -> None:
@@ -109,3 +116,86 @@ def test_worker_options_reach_the_loader_and_an_int_still_works() -> None:
     assert not loader.pin_memory  # only on CUDA
     plain = make_loader(view, [[0, 1]], _ctx(), 0)
     assert plain.num_workers == 0 and [b["index"].tolist() for b in plain] == [[0, 1]]
+
+
+class ParentProbe(Dataset[Any]):
+    """Each sample is the process id of the fetching process's parent."""
+
+    def __init__(self, n: int = 4, extra: Any = None) -> None:
+        self.n, self.extra = n, extra
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Any:
+        return torch.tensor(os.getppid())
+
+
+def _parents(start: str, dataset: Dataset[Any] | None = None) -> set[int]:
+    loader = make_loader(dataset or ParentProbe(), [[0, 1], [2, 3]], _ctx(),
+                         WorkerOptions(2, start=start))
+    return {int(p) for batch in loader for p in batch}
+
+
+def test_workers_start_from_a_forkserver_not_from_the_training_process() -> None:
+    # A worker forked from a process whose other threads hold interpreter locks can hang for
+    # ever (gloo's threads take one every step, python/cpython#112275): by default workers
+    # are forked from a clean server instead.
+    assert WorkerOptions().start == "forkserver"
+    parents = _parents("forkserver")
+    assert len(parents) == 1 and os.getpid() not in parents
+    assert _parents("fork") == {os.getpid()}
+
+
+def test_a_dataset_that_does_not_pickle_is_one_error_naming_the_fixes() -> None:
+    unpicklable = ParentProbe(extra=lambda: None)
+    with pytest.raises(DataError) as info:
+        _parents("forkserver", unpicklable)
+    assert "data.num_workers=2 workers start with forkserver, which pickles the dataset, " \
+        "and it does not pickle" in info.value.problem
+    assert "data.worker_start=fork" in info.value.fix and "data.num_workers=0" in info.value.fix
+    assert _parents("fork", unpicklable) == {os.getpid()}  # fork does not pickle it
+
+
+def test_closing_a_loader_stops_its_persistent_workers() -> None:
+    loader = make_loader(ParentProbe(), [[0, 1], [2, 3]], _ctx(), WorkerOptions(1))
+    assert len(list(loader)) == 2
+    workers = loader._iterator._workers  # type: ignore[union-attr]
+    assert all(w.is_alive() for w in workers)
+    loader.close()  # type: ignore[attr-defined]
+    assert not any(w.is_alive() for w in workers)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_exit_when_the_training_process_is_killed(tmp_path: Any) -> None:
+    # forkserver workers watch the server, not the rank; without their own watch of the
+    # rank they would outlive a rank killed with SIGKILL for ever.
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path[:0] = [{os.path.dirname(__file__)!r}, {os.getcwd()!r}]\n"
+        "from test_loaders import ParentProbe, _ctx\n"
+        "from trainer.loaders import WorkerOptions, make_loader\n"
+        "if __name__ == '__main__':\n"
+        "    loader = make_loader(ParentProbe(), [[0, 1], [2, 3]], _ctx(), WorkerOptions(2))\n"
+        "    next(iter(loader))\n"
+        "    print(*(w.pid for w in loader._iterator._workers), flush=True)\n"
+        "    time.sleep(120)\n")
+    rank = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(p) for p in rank.stdout.readline().split()]  # type: ignore[union-attr]
+        assert len(workers) == 2 and all(_running(p) for p in workers)
+    finally:
+        rank.kill()
+        rank.wait()
+    deadline = time.monotonic() + 30
+    while any(_running(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_running(p) for p in workers)
