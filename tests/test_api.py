@@ -176,7 +176,8 @@ class _WorkerLoader:
     num_workers = 2
     multiprocessing_context = multiprocessing.get_context("fork")
 
-    def __init__(self, loader: Any, writer: checkpoint.AsyncWriter, seen: list[bool]) -> None:
+    def __init__(self, loader: Any, writer: checkpoint.AsyncWriter,
+                 seen: list[bool | str]) -> None:
         self.loader, self.writer, self.seen = loader, writer, seen
 
     def __len__(self) -> int:
@@ -185,6 +186,9 @@ class _WorkerLoader:
     def __iter__(self) -> Any:
         self.seen.append(self.writer.in_flight())
         return iter(self.loader)
+
+    def close(self) -> None:
+        self.seen.append("closed")
 
 
 def test_loaders_with_workers_start_only_when_no_checkpoint_write_runs(
@@ -207,13 +211,15 @@ def test_loaders_with_workers_start_only_when_no_checkpoint_write_runs(
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 3, 16, str(tmp_path)
     cfg.checkpoint.dir = str(tmp_path / "c")  # checkpoint.every 0: a save every epoch end
     t = Trainer(cfg, ctx, parts, NullSink())
-    seen: list[bool] = []
+    seen: list[bool | str] = []
     train_loader = parts.train_loader
     parts.train_loader = lambda micro: _WorkerLoader(train_loader(micro), t.saver.writer, seen)
     parts.val_loader = _WorkerLoader(parts.val_loader, t.saver.writer, seen)  # type: ignore[assignment]
     summary = t.train()
     assert summary["epochs"] == 3 and len(checkpoint.list_checkpoints(tmp_path / "c")) == 3
-    assert seen == [False] * 6  # 3 epochs and 3 validations, never beside a write
+    # 3 epochs and 3 validations, never beside a write; then both loaders' workers stopped
+    # (a rank ends with os._exit, which would skip their finalizers)
+    assert seen == [False] * 6 + ["closed"] * 2
 
 
 class _Recorder:

@@ -63,6 +63,7 @@ def test_int_is_accepted_for_float_fields() -> None:
     ({"data": {"dataset": "imagenet"}}, "data.dataset"),
     ({"metrics": {"port": 70000}}, "metrics.port"),
     ({"train": {"strategy": "fsdp"}}, "train.strategy"),
+    ({"data": {"worker_start": "vfork"}}, "data.worker_start"),
 ])
 def test_invalid_values_fail_validation_naming_the_field(override: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

@@ -167,7 +167,7 @@ class _Batches(Dataset[Any]):
             return _Failed(type(err), err.problem, err.fix, traceback.format_exc())
 
 
-class _Loader(DataLoader[Any]):
+class Loader(DataLoader[Any]):
     """A DataLoader that raises a worker's TrainerError as itself, and a dataset that its
     workers cannot receive as one line."""
 
@@ -264,7 +264,7 @@ def _passthrough(batch: Any) -> Any:
 
 
 def make_loader(dataset: Dataset[Any], batches: Iterable[list[int]], ctx: DistContext,
-                workers: int | WorkerOptions = 0) -> DataLoader[Any]:
+                workers: int | WorkerOptions = 0) -> Loader:
     """The loader of `batches` of `dataset` (an IndexView, whose batches come whole, or any
     map-style dataset, fetched by :func:`trainer.data.fetch`); `workers` is the worker count
     or all options."""
@@ -276,7 +276,7 @@ def make_loader(dataset: Dataset[Any], batches: Iterable[list[int]], ctx: DistCo
                  "multiprocessing_context": worker_context(opts.start)}
         if opts.start != "fork":
             extra["worker_init_fn"] = _exit_with_the_rank
-    return _Loader(
+    return Loader(
         _Batches(dataset),
         batch_sampler=batches,
         collate_fn=_passthrough,
@@ -289,13 +289,13 @@ def make_loader(dataset: Dataset[Any], batches: Iterable[list[int]], ctx: DistCo
 
 
 def train_loader(dataset: IndexView, sampler: TrainSampler, batch_size: int,
-                 ctx: DistContext, workers: int | WorkerOptions = 0) -> DataLoader[Any]:
+                 ctx: DistContext, workers: int | WorkerOptions = 0) -> Loader:
     batches = BatchedSampler(sampler, batch_size, drop_last=False)
     return make_loader(dataset, _EpochTagged(batches, sampler), ctx, workers)
 
 
 def eval_loader(dataset: IndexView, batch_size: int, ctx: DistContext,
-                workers: int | WorkerOptions = 0) -> tuple[DataLoader[Any], int]:
+                workers: int | WorkerOptions = 0) -> tuple[Loader, int]:
     """The rank's eval loader and how many of its items are real (the rest is padding)."""
     sampler = DistributedEvalSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank)
     return make_loader(dataset, BatchedSampler(sampler, batch_size, drop_last=False), ctx,

@@ -7,6 +7,7 @@ once with one line instead of leaving the others waiting in the rendezvous.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -176,7 +177,9 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
             ctx = join(ctx, cfg.dist)
         loader, num_valid = eval_loader(workload.splits.val, cfg.train.batch_size, ctx,
                                         worker_options(cfg))
-        with collective("the evaluation reduction", cfg.dist.timeout_seconds):
+        # closed (its workers stopped) before the CLI's os._exit skips its finalizer
+        with collective("the evaluation reduction", cfg.dist.timeout_seconds), \
+                contextlib.closing(loader):
             _, result = evaluate(workload.model.to(ctx.device), workload.step, loader,
                                  num_valid, ctx)
         report = {"accuracy": result.accuracy, "correct": result.correct, "total": result.total,

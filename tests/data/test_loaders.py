@@ -147,11 +147,12 @@ def test_workers_start_from_a_forkserver_not_from_the_training_process() -> None
     assert _parents("fork") == {os.getpid()}
 
 
-def test_a_dataset_that_does_not_pickle_is_one_error_naming_the_fixes() -> None:
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_a_dataset_that_does_not_pickle_is_one_error_naming_the_fixes(start: str) -> None:
     unpicklable = ParentProbe(extra=lambda: None)
     with pytest.raises(DataError) as info:
-        _parents("forkserver", unpicklable)
-    assert "data.num_workers=2 workers start with forkserver, which pickles the dataset, " \
+        _parents(start, unpicklable)
+    assert f"data.num_workers=2 workers start with {start}, which pickles the dataset, " \
         "and it does not pickle" in info.value.problem
     assert "data.worker_start=fork" in info.value.fix and "data.num_workers=0" in info.value.fix
     assert _parents("fork", unpicklable) == {os.getpid()}  # fork does not pickle it
@@ -162,7 +163,7 @@ def test_closing_a_loader_stops_its_persistent_workers() -> None:
     assert len(list(loader)) == 2
     workers = loader._iterator._workers  # type: ignore[union-attr]
     assert all(w.is_alive() for w in workers)
-    loader.close()  # type: ignore[attr-defined]
+    loader.close()
     assert not any(w.is_alive() for w in workers)
 
 
