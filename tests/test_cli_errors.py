@@ -97,6 +97,12 @@ def test_evaluate_missing_checkpoint(tmp_path: Path) -> None:
     assert_one_clear_error(proc, "does not exist")
 
 
+@pytest.mark.parametrize("ranks", ["1", "2"])
+def test_evaluate_a_directory_without_checkpoints(tmp_path: Path, ranks: str) -> None:
+    proc = run_cli("evaluate", "--checkpoint", str(tmp_path), "--nproc-per-node", ranks)
+    assert_one_clear_error(proc, f"{tmp_path} holds no valid checkpoint (ckpt-*.pt)")
+
+
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     proc = run_cli("train", "--dataset", str(tmp_path / "x.npz"), "--debug")
     assert proc.returncode != 0 and "Traceback" in proc.stderr

@@ -237,6 +237,17 @@ def count_start(directory: Path, rank: int) -> int:
     return previous + 1
 
 
+def newest(directory: Path) -> Path:
+    """The newest valid checkpoint file of `directory` (what ``evaluate`` scores when given a
+    directory); CheckpointError if it holds none."""
+    found = latest_payload(directory)
+    if found is None:
+        raise CheckpointError(f"{directory} holds no valid checkpoint (ckpt-*.pt)",
+                              "pass the --checkpoint-dir of a run that saved one, or one "
+                              "ckpt-*.pt file")
+    return found[1]
+
+
 def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
     """The newest valid checkpoint; invalid newer ones are skipped with a warning."""
     found = latest_payload(directory)

@@ -12,6 +12,7 @@ import functools
 import inspect
 import logging
 import os
+import pathlib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -190,8 +191,11 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         return 0
     if ns.nproc_per_node < 1:
         raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
+    from trainer import checkpoint
     from trainer.launch import launch
 
+    if os.path.isdir(ns.checkpoint):  # every rank scores the same file, chosen once
+        ns.checkpoint = str(checkpoint.newest(pathlib.Path(ns.checkpoint)))
     timeout = ns.timeout if ns.timeout is not None else DistConfig().timeout_seconds
     argv = ["evaluate", "--as-rank", "--checkpoint", ns.checkpoint, "--output-dir",
             ns.output_dir, "--timeout", str(timeout)]
@@ -235,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_script)
 
     p = sub.add_parser("evaluate", help="exact validation accuracy of a checkpoint")
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="a ckpt-*.pt file")
+    p.add_argument("--checkpoint", required=True, metavar="PATH",
+                   help="a ckpt-*.pt file, or a checkpoint directory (its newest valid one)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="ranks to evaluate with (the result is identical for any N)")
     p.add_argument("--dataset", default=None,

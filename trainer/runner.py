@@ -138,12 +138,14 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
     The model is rebuilt from the checkpoint's config by the code that trained it; parts that
     were passed to fit() as objects must be passed here again (`model`, `dataset`, `step`).
     """
+    if Path(path).is_dir():
+        path = str(checkpoint.newest(Path(path)))
     try:
         state = checkpoint.read(Path(path))
     except CheckpointError:
         if not Path(path).exists():
             raise CheckpointError(f"checkpoint {path} does not exist",
-                                  "pass a ckpt-*.pt file from --checkpoint-dir") from None
+                                  "pass a ckpt-*.pt file or a --checkpoint-dir") from None
         raise
     cfg = merge(JobConfig(), state["config"], f"checkpoint {path}")
     if dataset_spec:

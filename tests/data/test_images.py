@@ -126,10 +126,13 @@ def test_two_ranks_with_workers_keep_class_names_in_summary_and_checkpoint(
     assert summary["class_names"] == ["cat", "dog"] and summary["val_total"] == 8
     state, path = checkpoint.load_latest(tmp_path / "ckpt")  # type: ignore[misc]
     assert state["class_names"] == ["cat", "dog"]
-    evaluated = run_cli("evaluate", "--checkpoint", str(path), "--nproc-per-node", "2",
-                        "--dataset", str(tmp_path / "d"), "--output-dir", str(tmp_path / "ev"))
+    # the checkpoint directory: its newest checkpoint, with workers on 2 ranks
+    evaluated = run_cli("evaluate", "--checkpoint", str(tmp_path / "ckpt"), "--nproc-per-node",
+                        "2", "--dataset", str(tmp_path / "d"), "--output-dir",
+                        str(tmp_path / "ev"))
     assert evaluated.returncode == 0, evaluated.stderr
-    assert read_json(tmp_path / "ev" / "eval.json")["correct"] == summary["val_correct"]
+    report = read_json(tmp_path / "ev" / "eval.json")
+    assert (report["checkpoint"], report["correct"]) == (str(path), summary["val_correct"])
 
 
 def test_resume_with_other_worker_counts_matches_an_uninterrupted_run(tmp_path: Path) -> None:
