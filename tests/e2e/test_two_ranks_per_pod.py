@@ -1,6 +1,7 @@
 """1 Master + 1 Worker with two ranks each (`ddp-trainer run --nproc-per-node 2` in every
 pod, world size 4), from the chart's `gpusPerReplica: 2` on CPU: the launcher path the chart
-takes on multi-GPU nodes, rendezvousing across pods on the operator's PET_* variables."""
+takes on multi-GPU nodes, rendezvousing across pods on the operator's PET_* variables, with a
+DataLoader worker per rank."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from tests.e2e.harness.image import BuiltImage
 from tests.e2e.harness.podman import Podman
 from tests.e2e.scenario import Run, checkpoints, evaluate, played, rendered
 from tests.e2e.scrape import SCRAPE_VALUES, dashboard_query, ranks_of, series
+from trainer import checkpoint
 
 # gpusPerReplica drives the chart's launcher mode; the GPU limit it adds means nothing to
-# podman (no device plugin) and the trainer picks the CPU (train.device: auto).
-TWO_PER_POD = {"gpusPerReplica": 2}
+# podman (no device plugin) and the trainer picks the CPU (train.device: auto). Each rank
+# loads through one DataLoader worker: started from a forkserver under the pod's read-only
+# root filesystem and user 10001, in training and in the evaluation of its checkpoint.
+TWO_PER_POD = {"gpusPerReplica": 2, "trainerConfig": {"data": {"num_workers": 1}}}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +39,9 @@ def test_four_ranks_in_two_pods_train_to_the_end(run: Run, podman: Podman) -> No
     for pod in run.job.pods:
         info = json.loads(podman.run("container", "inspect", pod.container).stdout)[0]
         assert info["Config"]["Cmd"][:3] == ["run", "--nproc-per-node", "2"]
+    # the ranks loaded through workers (the config they trained with), which left no trace
+    assert checkpoint.read(checkpoints(run.job)[-1])["config"]["data"]["num_workers"] == 1
+    assert "Traceback" not in run.logs and "leaked" not in run.logs
 
 
 def test_summary_accuracy_equals_evaluate_of_the_final_checkpoint(
