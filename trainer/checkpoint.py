@@ -237,12 +237,14 @@ def count_start(directory: Path, rank: int) -> int:
     return previous + 1
 
 
-def newest(directory: Path) -> Path:
-    """The newest valid checkpoint file of `directory` (what ``evaluate`` scores when given a
-    directory); CheckpointError if it holds none."""
-    found = latest_payload(directory)
+def resolve(path: Path) -> Path:
+    """The checkpoint file ``evaluate`` scores: `path` itself, or, for a directory, its newest
+    valid checkpoint (CheckpointError if it holds none)."""
+    if not path.is_dir():
+        return path
+    found = latest_payload(path)
     if found is None:
-        raise CheckpointError(f"{directory} holds no valid checkpoint (ckpt-*.pt)",
+        raise CheckpointError(f"{path} holds no valid checkpoint (ckpt-*.pt)",
                               "pass the --checkpoint-dir of a run that saved one, or one "
                               "ckpt-*.pt file")
     return found[1]

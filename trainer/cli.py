@@ -194,8 +194,8 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
     from trainer import checkpoint
     from trainer.launch import launch
 
-    if os.path.isdir(ns.checkpoint):  # every rank scores the same file, chosen once
-        ns.checkpoint = str(checkpoint.newest(pathlib.Path(ns.checkpoint)))
+    # every rank scores the same file, chosen once (a directory's newest checkpoint)
+    ns.checkpoint = str(checkpoint.resolve(pathlib.Path(ns.checkpoint)))
     timeout = ns.timeout if ns.timeout is not None else DistConfig().timeout_seconds
     argv = ["evaluate", "--as-rank", "--checkpoint", ns.checkpoint, "--output-dir",
             ns.output_dir, "--timeout", str(timeout)]

@@ -138,8 +138,7 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
     The model is rebuilt from the checkpoint's config by the code that trained it; parts that
     were passed to fit() as objects must be passed here again (`model`, `dataset`, `step`).
     """
-    if Path(path).is_dir():
-        path = str(checkpoint.newest(Path(path)))
+    path = str(checkpoint.resolve(Path(path)))
     try:
         state = checkpoint.read(Path(path))
     except CheckpointError:
