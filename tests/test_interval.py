@@ -15,7 +15,7 @@ def test_totals_sum_tensor_and_int_counts_in_one_read() -> None:
     interval = Interval(torch.device("cpu"))
     for loss, correct, count in [(0.5, torch.tensor(3), 4), (1.5, torch.tensor(2), 4)]:
         interval.losses.append(torch.tensor(loss))
-        interval.correct.append(correct)
+        interval.correct.add(correct)
         interval.count.append(count)
     interval.grad_norm = torch.tensor(2.5, dtype=torch.float64)
     assert interval.totals() == ([0.5, 1.5], 5.0, 8.0, 2.5)

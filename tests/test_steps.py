@@ -11,7 +11,15 @@ from torch import nn
 from trainer import plugins
 from trainer.config import JobConfig, merge, parse_set
 from trainer.errors import DataError
-from trainer.steps import ClassificationStep, StepError, StepOutput, as_output, check_output
+from trainer.steps import (
+    ClassificationStep,
+    StepError,
+    StepOutput,
+    Tally,
+    Top1,
+    as_output,
+    check_output,
+)
 from trainer.tree import batch_len, take, to_device
 
 
@@ -19,9 +27,29 @@ def test_tuple_batches_score_top1_over_the_class_dimension() -> None:
     model = nn.Identity()
     logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
     out = ClassificationStep()(model, (logits, torch.tensor([0, 1, 1])))
-    assert int(out.correct) == 2 and out.count == 3
+    assert isinstance(out.correct, Top1)  # counted with the interval's read, not per step
+    tally = Tally(torch.device("cpu"))
+    tally.add(out.correct)
+    assert tally.total().item() == 2 and out.count == 3
     assert out.loss.item() == pytest.approx(
         nn.functional.cross_entropy(logits, torch.tensor([0, 1, 1])).item())
+
+
+def test_a_tally_counts_top1_hits_of_every_shape_with_ints_and_tensors_exactly() -> None:
+    torch.manual_seed(0)
+    tally = Tally(torch.device("cpu"), budget=50)  # small: groups are counted several times
+    expected = 7 + 3
+    tally.add(7)
+    tally.add(torch.tensor(3, dtype=torch.int32))
+    for n, shape in [(4, (5,)), (3, (5,)), (2, (5, 6)), (6, (5,)), (1, (5, 6))]:
+        logits = torch.randn(n, *shape)
+        labels = torch.randint(0, 5, (n, *shape[1:]))
+        labels.view(-1)[0] = -100  # an ignored label is never a hit
+        expected += int((logits.argmax(1) == labels).sum())
+        tally.add(Top1(logits, labels))
+    total = tally.total()
+    assert total.dtype == torch.float64 and total.item() == expected
+    assert Tally(torch.device("cpu")).total().item() == 0.0
 
 
 def test_mapping_batches_use_the_transformers_models_own_loss() -> None:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.distributed import DistContext
-from trainer.steps import StepFn, as_output, counts_vector
+from trainer.steps import StepFn, Tally, as_output, counts_vector
 from trainer.tree import batch_len, take, to_device
 
 
@@ -59,7 +59,7 @@ def local_sums(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid:
     model.eval()
     # Kept per batch and summed once at the end: one host sync, and no per-batch in-place adds
     # (~7 us a batch on the CPU).
-    correct: list[torch.Tensor | int] = []
+    correct = Tally(device)
     count: list[torch.Tensor | int] = []
     losses: list[torch.Tensor] = []
     seen = 0
@@ -72,7 +72,7 @@ def local_sums(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid:
         if n_real < size:
             batch = take(batch, n_real)
         out = as_output(step(model, to_device(batch, device)))
-        correct.append(out.correct)
+        correct.add(out.correct)
         count.append(out.count)
         losses.append(out.loss.detach())
     model.train(was_training)
@@ -80,7 +80,7 @@ def local_sums(model: nn.Module, step: StepFn, loader: Iterable[Any], num_valid:
         return torch.zeros(3, dtype=torch.float64, device=device)
     counts = counts_vector(count, device)
     loss_sum = torch.dot(torch.stack(losses).double(), counts)
-    return torch.stack([counts_vector(correct, device).sum(), counts.sum(), loss_sum])
+    return torch.stack([correct.total(), counts.sum(), loss_sum])
 
 
 def reduce_sums(sums: torch.Tensor, ctx: DistContext) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 import torch
 
-from trainer.steps import counts_vector
+from trainer.steps import Tally, counts_vector
 
 
 class Interval:
@@ -26,7 +26,7 @@ class Interval:
         self.epoch_from = 0
         """Index in `losses` of the current epoch's first step in this interval."""
         # Per-step counts are kept as they come and summed with the interval's one sync.
-        self.correct: list[torch.Tensor | int] = []
+        self.correct = Tally(device)
         self.count: list[torch.Tensor | int] = []
         """Items scored (the step's count: samples, or non-ignored tokens)."""
         self.samples = 0
@@ -50,7 +50,7 @@ class Interval:
     def totals(self) -> tuple[list[float], float, float, float]:
         """(per-step losses, correct, count, largest gradient norm) as Python numbers: the
         interval's one device sync."""
-        values = torch.stack([*self.losses, counts_vector(self.correct, self.device).sum(),
+        values = torch.stack([*self.losses, self.correct.total(),
                               counts_vector(self.count, self.device).sum(), self.grad_norm])
         *losses, correct, count, grad_norm = values.double().tolist()
         return losses, correct, count, grad_norm

@@ -34,12 +34,28 @@ class StepError(ConfigError):
     """A step (or the model it calls) broke its contract."""
 
 
+@dataclass(frozen=True)
+class Top1:
+    """The top-1 hits of `logits` against `labels`, counted later: a step may return it as
+    `correct`, and the loop counts the Top1s of a whole log interval (or of an evaluation)
+    with three ops instead of three a step. Those three cost about 6 us alone but 190 us of a
+    2.9 ms step on 2 CPU ranks here (measured 2026-12-02): small ops between a forward and a
+    gloo all-reduce pay for cold caches. The tensors are kept until then, so they must not be
+    modified in place afterwards (a model output and a fresh batch never are)."""
+
+    logits: Tensor
+    """(N, C, ...) scores, detached; a hit is ``logits.argmax(1) == labels``."""
+    labels: Tensor
+    """(N, ...) class indices; a negative label (IGNORE_INDEX) never counts as a hit."""
+
+
 @dataclass
 class StepOutput:
     loss: Tensor
     """Scalar loss to minimise (a mean over the batch's counted items)."""
-    correct: Tensor | int
-    """Items predicted correctly (integer; a tensor stays on the device)."""
+    correct: Tensor | int | Top1
+    """Items predicted correctly (integer; a tensor stays on the device), or the Top1 whose
+    hits are counted with the interval's one read."""
     count: Tensor | int
     """Items scored (the denominator of accuracy; the weight of `loss` in evaluation)."""
 
@@ -56,6 +72,42 @@ def counts_vector(values: Sequence[Tensor | int], device: torch.device) -> Tenso
     # A user step may count on the CPU while its model runs on a GPU.
     return torch.stack([(v if v.device == device else v.to(device)) if isinstance(v, Tensor)
                         else torch.tensor(v, device=device) for v in values]).double()
+
+
+class Tally:
+    """Sums what steps return as `correct` (ints, integer tensors, Top1s) with one read. Top1s
+    wait in groups of one shape and are counted together, at the latest when the group holds
+    `budget` logits (1 MiB of fp32) or 64 batches, so the memory they keep stays bounded."""
+
+    def __init__(self, device: torch.device, budget: int = 1 << 18) -> None:
+        self.device = device
+        self.budget = budget
+        self._counts: list[Tensor | int] = []
+        self._waiting: dict[tuple[int, ...], list[Top1]] = {}
+        self._held = 0
+
+    def add(self, value: Tensor | int | Top1) -> None:
+        if type(value) is not Top1:
+            self._counts.append(value)  # type: ignore[arg-type]
+            return
+        group = self._waiting.setdefault(tuple(value.logits.shape[1:]), [])
+        group.append(value)
+        self._held += value.logits.numel()
+        if self._held > self.budget or len(group) >= 64:
+            self._count_waiting()
+
+    def _count_waiting(self) -> None:
+        for group in self._waiting.values():
+            logits = torch.cat([t.logits for t in group]) if len(group) > 1 else group[0].logits
+            labels = torch.cat([t.labels for t in group]) if len(group) > 1 else group[0].labels
+            self._counts.append((logits.argmax(1) == labels.to(logits.device)).sum())
+        self._waiting.clear()
+        self._held = 0
+
+    def total(self) -> Tensor:
+        """The sum as a 0-dim float64 tensor on the device (exact up to 2^53)."""
+        self._count_waiting()
+        return counts_vector(self._counts, self.device).sum()
 
 
 def as_output(result: Any, where: str = "train.step") -> StepOutput:
@@ -79,6 +131,8 @@ def check_output(out: StepOutput, where: str = "train.step") -> None:
                         "return a floating-point loss tensor")
     for name in ("correct", "count"):
         value = getattr(out, name)
+        if name == "correct" and isinstance(value, Top1):
+            continue
         ok = (isinstance(value, int) and not isinstance(value, bool)) or (
             isinstance(value, Tensor) and value.dim() == 0 and not value.is_floating_point())
         if not ok:
@@ -105,14 +159,13 @@ class ClassificationStep:
             out = model(**batch)
             loss, logits = _field(out, "loss"), _field(out, "logits")
             labels = batch["labels"]
-            valid = labels != IGNORE_INDEX
-            correct = ((logits.detach().argmax(-1) == labels) & valid).sum()
-            return StepOutput(loss, correct, valid.sum())
+            # An argmax is never IGNORE_INDEX, so ignored labels are never hits.
+            correct = (logits.detach().argmax(-1) == labels).sum()
+            return StepOutput(loss, correct, (labels != IGNORE_INDEX).sum())
         inputs, labels = batch
         logits = model(inputs)
-        loss = F.cross_entropy(logits, labels)
-        correct = (logits.detach().argmax(1) == labels).sum()
-        return StepOutput(loss, correct, labels.numel())
+        return StepOutput(F.cross_entropy(logits, labels), Top1(logits.detach(), labels),
+                          labels.numel())
 
     def check(self, model: nn.Module, batch: Any, num_classes: int | None) -> None:
         """Check the batch convention and the class count on one batch, before training."""

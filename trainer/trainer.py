@@ -6,7 +6,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,7 @@ class Trainer:
         """(step, epoch loss sums over ranks) when the agreement reduced them at that step."""
         # Entered every step, so built once. A DDP forward/backward talks to every rank: its
         # failure is a lost rank.
+        self._zero_grad = _grad_zeroing(self.optimizer)
         self._grad_comm: contextlib.AbstractContextManager[None] = (
             Collective("the gradient all-reduce", cfg.dist.timeout_seconds)
             if ctx.initialized else _NOTHING)
@@ -243,7 +244,7 @@ class Trainer:
         while micro < micro_total and not self._done():
             t0 = time.perf_counter()
             k = min(plan.accum_steps, micro_total - micro)
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
             step_losses: list[torch.Tensor] = []
             for j in range(k):
                 tw = time.perf_counter()
@@ -257,7 +258,7 @@ class Trainer:
                     loss = out.loss
                     self.precision.backward(loss / k if k > 1 else loss)
                 step_losses.append(loss.detach())
-                interval.correct.append(out.correct)
+                interval.correct.add(out.correct)
                 interval.count.append(out.count)
                 interval.samples += batch_len(batch)
             self._update(interval)
@@ -453,6 +454,21 @@ class Trainer:
             "resumed_from_step": self.resumed_step,
             **({"class_names": list(self.parts.class_names)} if self.parts.class_names else {}),
         }
+
+
+def _grad_zeroing(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+    """``optimizer.zero_grad(set_to_none=True)``. For torch's own optimizers that is a loop
+    setting each parameter's ``.grad`` to None inside a profiler range and a dynamo guard,
+    which cost about 100 us of a 2.9 ms step on 2 CPU ranks here against 0.4 us for the loop
+    alone (measured 2026-12-02); an optimizer that overrides zero_grad keeps its own."""
+    if type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad:
+        return lambda: optimizer.zero_grad(set_to_none=True)
+
+    def zero() -> None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+    return zero
 
 
 def _fsum(values: list[float]) -> float:
