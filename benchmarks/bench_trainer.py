@@ -36,7 +36,7 @@ an epoch in one pair of ranks, 38.0 ms in another), more than the loop cost bein
 So ours / batched is also measured *paired*: ``ddp-trainer run`` starts a script whose two
 ranks alternate ``trainer.fit()`` (what ``ddp-trainer train`` runs: the same checkpoints,
 metrics endpoint and step log) and the batched loop, ``--paired-repeats`` times, in the same
-processes.
+processes; a pair in which either side lost more than ``--max-steal`` is not clean.
 
 Targets: ours / per-sample >= 1.00, ours / batched >= 0.97.
 
@@ -195,15 +195,19 @@ def paired_rank(name: str, checkpoint_every: str, repeats: str, out: str) -> Non
     import trainer
 
     dist.init_process_group("gloo")  # fit() joins this group (trainer.distributed.join)
-    runs: dict[str, list[float]] = {"ours": [], "batched": []}
+    runs: dict[str, list[float]] = {"ours": [], "batched": [], "steal": []}
     for r in range(int(repeats)):
+        before, steal = _cpu_ticks(), 0.0
         for side in ("ours", "batched") if r % 2 == 0 else ("batched", "ours"):
             if side == "batched":
                 runs[side].append(bare_loop(name, "batched"))
-                continue
-            with tempfile.TemporaryDirectory() as tmp:
-                summary = trainer.fit(fit_config(name, int(checkpoint_every), tmp))
-            runs[side].append(float(summary["samples_per_second"]))
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    summary = trainer.fit(fit_config(name, int(checkpoint_every), tmp))
+                runs[side].append(float(summary["samples_per_second"]))
+            after = _cpu_ticks()
+            steal, before = max(steal, _steal_ratio(before, after)), after
+        runs["steal"].append(steal)  # the larger of the pair's two sides
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(runs))
     dist.barrier()
@@ -314,13 +318,21 @@ def separate(name: str, a: argparse.Namespace) -> None:
 def paired_only(name: str, a: argparse.Namespace) -> None:
     """Ours and the batched loop alternating in the same two ranks."""
     same = run_paired(name, a.checkpoint_every, a.paired_repeats)
-    med = {k: statistics.median(v) for k, v in same.items()}
-    pairs = statistics.median(o / b for o, b in zip(same["ours"], same["batched"], strict=True))
-    print(f"| {name} (paired: {a.paired_repeats} alternations in the same 2 ranks) | | "
-          f"{med['batched']:,.0f} | {med['ours']:,.0f} | | "
-          f"{med['ours'] / med['batched']:.3f} (per pair {pairs:.3f}) |", flush=True)
+    steal = same.pop("steal")
+    # As in separate(): a pair in which the host stole more than --max-steal is not clean.
+    clean = [i for i, x in enumerate(steal) if x <= a.max_steal]
+    for label, kept in (("all", list(range(len(steal)))), ("clean", clean)):
+        if not kept:
+            print(f"| {name} (paired, {label}: none of {len(steal)} pairs) | | | | | |")
+            continue
+        med = {k: statistics.median(v[i] for i in kept) for k, v in same.items()}
+        pairs = statistics.median(same["ours"][i] / same["batched"][i] for i in kept)
+        print(f"| {name} (paired, {label}: {len(kept)} of {len(steal)} alternations in the same "
+              f"2 ranks) | | {med['batched']:,.0f} | {med['ours']:,.0f} | | "
+              f"{med['ours'] / med['batched']:.3f} (per pair {pairs:.3f}) |", flush=True)
     for k, v in same.items():
         print(f"  {name} paired {k}: {', '.join(f'{x:,.0f}' for x in v)}", flush=True)
+    print(f"  {name} paired host steal: {', '.join(f'{x:.0%}' for x in steal)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,10 @@ def test_a_three_tuple_is_a_step_output_and_anything_else_is_an_error() -> None:
     (StepOutput(torch.tensor(1), 1, 3), "torch.int64 loss"),
     (StepOutput(torch.tensor(1.0), 0.5, 3), "correct=0.5, not an integer"),
     (StepOutput(torch.tensor(1.0), 1, torch.tensor([3])), "count=tensor"),
+    (StepOutput(torch.tensor(1.0), Top1(torch.zeros(4, 3), torch.zeros(3, dtype=torch.long)), 4),
+     "Top1 with logits (4, 3) and labels (3,)"),
+    (StepOutput(torch.tensor(1.0), Top1(torch.zeros(4, 3), torch.zeros(4)), 4),
+     "Top1 with logits (4, 3) and labels (4,)"),
 ])
 def test_the_step_contract_is_checked(output: StepOutput, message: str) -> None:
     with pytest.raises(StepError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -132,12 +132,24 @@ def check_output(out: StepOutput, where: str = "train.step") -> None:
     for name in ("correct", "count"):
         value = getattr(out, name)
         if name == "correct" and isinstance(value, Top1):
+            _check_top1(value, where)
             continue
         ok = (isinstance(value, int) and not isinstance(value, bool)) or (
             isinstance(value, Tensor) and value.dim() == 0 and not value.is_floating_point())
         if not ok:
             raise StepError(f"{where} returned {name}={value!r}, not an integer",
                             f"return {name} as an int or a 0-dim integer tensor")
+
+
+def _check_top1(top1: Top1, where: str) -> None:
+    logits, labels = top1.logits, top1.labels
+    ok = isinstance(logits, Tensor) and isinstance(labels, Tensor) and logits.dim() >= 2 and \
+        not labels.is_floating_point() and labels.shape == logits.shape[:1] + logits.shape[2:]
+    if not ok:
+        shapes = [tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                  for t in (logits, labels)]
+        raise StepError(f"{where} returned Top1 with logits {shapes[0]} and labels {shapes[1]}",
+                        "give Top1 (N, C, ...) logits and (N, ...) integer labels")
 
 
 def _field(output: Any, name: str) -> Any:
