@@ -38,10 +38,10 @@ class StepError(ConfigError):
 class Top1:
     """The top-1 hits of `logits` against `labels`, counted later: a step may return it as
     `correct`, and the loop counts the Top1s of a whole log interval (or of an evaluation)
-    with three ops instead of three a step. Those three cost about 6 us alone but 190 us of a
-    2.9 ms step on 2 CPU ranks here (measured 2026-12-02): small ops between a forward and a
-    gloo all-reduce pay for cold caches. The tensors are kept until then, so they must not be
-    modified in place afterwards (a model output and a fresh batch never are)."""
+    with three ops, not three a step. Those three cost about 6 us in one process, and 100-190
+    us of a 2.9 ms step in runs on 2 CPU ranks alternating with and without them (2026-12-02).
+    The tensors are kept until then, so they must not be modified in place afterwards (a
+    model output and a fresh batch never are)."""
 
     logits: Tensor
     """(N, C, ...) scores, detached; a hit is ``logits.argmax(1) == labels``."""
