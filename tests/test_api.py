@@ -147,14 +147,24 @@ def test_trainer_runs_on_parts_built_by_hand(tmp_path: Path) -> None:
     assert summary["val_accuracy"] >= 0.95
 
 
+class _Recording(NullSink):
+    def __init__(self) -> None:
+        self.logged: list[dict[str, Any]] = []
+
+    def log(self, metrics: Any, step: int) -> None:
+        self.logged.append(dict(metrics))
+
+
 def test_the_trainers_steps_match_a_hand_written_loop_bit_for_bit(tmp_path: Path) -> None:
     # The Trainer drops gradients without optimizer.zero_grad's profiler range and counts
-    # training hits later (Top1): the updates must still be exactly a plain loop's.
+    # training hits later (Top1): the updates and the hits must still be exactly a plain loop's.
     ctx, parts = _ALONE, _hand_made_parts(5)
     parts.optimizer = torch.optim.SGD(parts.model.parameters(), lr=0.1, momentum=0.9)
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 1, 16, str(tmp_path)
-    summary = Trainer(cfg, ctx, parts, NullSink()).train()
+    cfg.train.log_every, cfg.train.log_seconds = 16, 0.0  # one interval: the whole epoch
+    sink = _Recording()
+    summary = Trainer(cfg, ctx, parts, sink).train()
     reference = _hand_made_parts(5)
     opt = torch.optim.SGD(reference.model.parameters(), lr=0.1, momentum=0.9)
     reference.sampler.set_epoch(0)
@@ -167,7 +177,9 @@ def test_the_trainers_steps_match_a_hand_written_loop_bit_for_bit(tmp_path: Path
         hits += int((logits.argmax(1) == y).sum())
     for mine, theirs in zip(parts.model.parameters(), reference.model.parameters(), strict=True):
         assert torch.equal(mine, theirs)
-    assert summary["steps"] == 16 and hits > 0
+    accuracy = [m["train/accuracy"] for m in sink.logged if "train/accuracy" in m]
+    assert summary["steps"] == 16 and 0 < hits < 256
+    assert accuracy == [hits / 256]
 
 
 def test_an_optimizer_that_overrides_zero_grad_keeps_its_own(tmp_path: Path) -> None:
