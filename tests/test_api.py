@@ -147,14 +147,6 @@ def test_trainer_runs_on_parts_built_by_hand(tmp_path: Path) -> None:
     assert summary["val_accuracy"] >= 0.95
 
 
-class _Recording(NullSink):
-    def __init__(self) -> None:
-        self.logged: list[dict[str, Any]] = []
-
-    def log(self, metrics: Any, step: int) -> None:
-        self.logged.append(dict(metrics))
-
-
 def test_the_trainers_steps_match_a_hand_written_loop_bit_for_bit(tmp_path: Path) -> None:
     # The Trainer drops gradients without optimizer.zero_grad's profiler range and counts
     # training hits later (Top1): the updates and the hits must still be exactly a plain loop's.
@@ -163,7 +155,7 @@ def test_the_trainers_steps_match_a_hand_written_loop_bit_for_bit(tmp_path: Path
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 1, 16, str(tmp_path)
     cfg.train.log_every, cfg.train.log_seconds = 16, 0.0  # one interval: the whole epoch
-    sink = _Recording()
+    sink = _Recorder()
     summary = Trainer(cfg, ctx, parts, sink).train()
     reference = _hand_made_parts(5)
     opt = torch.optim.SGD(reference.model.parameters(), lr=0.1, momentum=0.9)
@@ -177,7 +169,7 @@ def test_the_trainers_steps_match_a_hand_written_loop_bit_for_bit(tmp_path: Path
         hits += int((logits.argmax(1) == y).sum())
     for mine, theirs in zip(parts.model.parameters(), reference.model.parameters(), strict=True):
         assert torch.equal(mine, theirs)
-    accuracy = [m["train/accuracy"] for m in sink.logged if "train/accuracy" in m]
+    accuracy = [m["train/accuracy"] for m, _ in sink.logged if "train/accuracy" in m]
     assert summary["steps"] == 16 and 0 < hits < 256
     assert accuracy == [hits / 256]
 
