@@ -4,9 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-# The CPU wheel of torch lies on local disk here; installing it first keeps pip from
-# resolving `torch>=2.4` to a multi-GB CUDA build.
+# The torch the tests run with (tests/e2e/harness/wheels.py reads this line too). PyPI's Linux
+# build of it is the CUDA one (~3.5 GB with its nvidia wheels); where ../shared/wheels holds the
+# CPU wheel (this project's machines), pip is given it as a find-links source: its local version
+# `2.13.0+cpu` sorts above `2.13.0`, so pip takes it. Elsewhere PyPI's build is the right one.
 TORCH_SPEC ?= torch==2.13.0
+WHEELS ?= $(wildcard $(CURDIR)/../shared/wheels)
+PIP_LINKS := $(if $(WHEELS),--find-links $(abspath $(WHEELS)))
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' trainer/__init__.py)
 IMAGE ?= ghcr.io/ddp-trainer/ddp-trainer
 TAG ?= $(VERSION)
@@ -18,8 +22,8 @@ RUN_ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PY) -c 'import torch' 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e '.[k8s,test,lint]'
+	$(PY) -c 'import torch' 2>/dev/null || $(PIP) install -q $(PIP_LINKS) "$(TORCH_SPEC)"
+	$(PIP) install -q $(PIP_LINKS) -e '.[k8s,test,lint]'
 	touch $@
 
 venv: $(VENV)/.installed

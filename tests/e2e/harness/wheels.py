@@ -2,8 +2,10 @@
 
 The image build then runs with ``--network none``: the Dockerfile's ``PIP_INDEX_URL`` and
 ``TORCH_INDEX_URL`` build args point at this index, bind-mounted into the build (what an
-air-gapped cluster's mirror does). torch is the CPU wheel on local disk (PyPI's torch is a
-multi-GB CUDA build); everything else is downloaded once from PyPI by the host's pip.
+air-gapped cluster's mirror does). torch is the CPU wheel on local disk where there is one
+(``../shared/wheels`` on this project's machines; PyPI's Linux torch is a ~3.5 GB CUDA build);
+elsewhere it is PyPI's build of the Makefile's ``TORCH_SPEC``. Everything else is downloaded
+once from PyPI by the host's pip.
 """
 
 from __future__ import annotations
@@ -26,15 +28,16 @@ PLATFORM_ARGS = ("--only-binary=:all:", "--python-version", PYTHON_VERSION, "--i
                  "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform",
                  "manylinux2014_x86_64")
 # Where the torch CPU wheel lies on these machines (E2E_WHEELS, os.pathsep-separated, first).
-DEFAULT_WHEEL_DIRS = ("/opt/wheels", str(REPO.parent / "shared" / "seed"))
+DEFAULT_WHEEL_DIRS = ("/opt/wheels", str(REPO.parent / "shared" / "wheels"),
+                      str(REPO.parent / "shared" / "seed"))
 
 
 class WheelIndexError(RuntimeError):
     """The local index could not be made (no torch wheel, a download failed)."""
 
 
-def torch_wheel() -> Path:
-    """The local torch CPU wheel for the base image's Python."""
+def torch_wheel() -> Path | None:
+    """The local torch CPU wheel for the base image's Python, or None where there is none."""
     dirs = [d for d in os.environ.get("E2E_WHEELS", "").split(os.pathsep) if d]
     dirs += DEFAULT_WHEEL_DIRS
     tag = "cp" + PYTHON_VERSION.replace(".", "")
@@ -42,13 +45,18 @@ def torch_wheel() -> Path:
         found = sorted(Path(directory).glob(f"torch-*+cpu-{tag}-{tag}-*x86_64.whl"))
         if found:
             return found[-1]
-    raise WheelIndexError(f"no torch CPU wheel for Python {PYTHON_VERSION} in {dirs} "
-                          "(fix: put torch-<version>+cpu-cp311-...whl there or set E2E_WHEELS)")
+    return None
 
 
-def torch_version(wheel: Path) -> str:
-    """'2.13.0' from 'torch-2.13.0+cpu-cp311-...whl'."""
-    return wheel.name.split("-")[1].split("+")[0]
+def torch_version(wheel: Path | None) -> str:
+    """'2.13.0' from 'torch-2.13.0+cpu-cp311-...whl'; without a wheel, the Makefile's pin."""
+    if wheel is not None:
+        return wheel.name.split("-")[1].split("+")[0]
+    pin = re.search(r"^TORCH_SPEC \?= torch==(\S+)$", (REPO / "Makefile").read_text(), re.M)
+    if pin is None:
+        raise WheelIndexError("no `TORCH_SPEC ?= torch==X` line in the Makefile "
+                              "(fix: restore it; it is the torch version the tests run)")
+    return pin.group(1)
 
 
 def dockerfile_pins(torch: str) -> list[str]:
@@ -89,23 +97,26 @@ def local_index(cache: Path) -> tuple[Path, str]:
     wheel = torch_wheel()
     torch = torch_version(wheel)
     pins = dockerfile_pins(torch)
-    key = hashlib.sha256("\n".join([wheel.name, *pins, *PLATFORM_ARGS]).encode()).hexdigest()
+    source = wheel.name if wheel is not None else "pypi"
+    key = hashlib.sha256("\n".join([source, *pins, *PLATFORM_ARGS]).encode()).hexdigest()
     root = cache / f"index-{key[:16]}"
     if (root / ".complete").exists():
         return root, torch
     shutil.rmtree(root, ignore_errors=True)
     files = root / "files"
     files.mkdir(parents=True)
-    shutil.copy2(wheel, files / wheel.name)
-    # The local torch is already in `files`, so pip takes it from there (and only its
-    # dependencies from PyPI) instead of resolving torch on PyPI.
+    if wheel is not None:
+        # The local torch is already in `files`, so pip takes it from there (and only its
+        # dependencies from PyPI) instead of resolving torch on PyPI.
+        shutil.copy2(wheel, files / wheel.name)
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
                *PLATFORM_ARGS, "--find-links", str(files), "--dest", str(files), *pins]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         raise WheelIndexError(
             f"pip download of the Dockerfile's pins failed:\n{proc.stderr[-3000:]}")
-    if any(project_name(w.name).startswith("nvidia-") for w in files.glob("*.whl")):
+    if wheel is not None and any(project_name(w.name).startswith("nvidia-")
+                                 for w in files.glob("*.whl")):
         raise WheelIndexError("pip resolved a CUDA torch (nvidia-* wheels): the local CPU wheel "
                               f"{wheel} does not satisfy the pins {pins}")
     write_simple_index(root)
