@@ -145,7 +145,10 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path) 
     newest.write_bytes(newest.read_bytes()[:100])
     proc = run_cli("run", "--nproc-per-node", "2", *args, "--max-steps", "40")
     assert proc.returncode == 0, proc.stderr
-    assert f"skipping bad checkpoint: {newest} is truncated" in proc.stderr
+    aside = tmp_path / "ckpt" / "corrupt" / newest.name  # moved aside, not overwritten
+    assert f"moved bad checkpoint {newest.name} aside to {aside}: {newest} is truncated" \
+        in proc.stderr
+    assert len(aside.read_bytes()) == 100
     assert f"resumed from {previous.name}" in proc.stderr
     assert read_json(tmp_path / "summary.json")["steps"] == 40
 

@@ -199,7 +199,7 @@ def agree_resume(directory: Path | None, ctx: DistContext,
     if directory is None:
         return None
     if not ctx.initialized:
-        loaded = checkpoint.load_latest(directory)
+        loaded = checkpoint.load_latest(directory, set_aside=True)
         return None if loaded is None else Resumed(loaded[0], loaded[1].name, sent=False)
     with collective("choosing the checkpoint to resume from", timeout_seconds):
         return _agree_resume(directory, ctx)
@@ -209,7 +209,7 @@ def _agree_resume(directory: Path, ctx: DistContext) -> Resumed | None:
     choice: list[Any] = [None]
     payload: bytes | None = None
     if ctx.is_main:
-        found = checkpoint.latest_payload(directory)
+        found = checkpoint.latest_payload(directory, set_aside=True)
         if found is not None:
             payload, path = found
             choice = [(path.name, checkpoint.digest(payload), len(payload))]

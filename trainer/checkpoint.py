@@ -85,6 +85,8 @@ def write(directory: Path, step: int, payload: bytes, keep: int) -> Path:
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
+        if final.exists() and (problem := problem_of(final)) is not None:
+            quarantine(final, problem)  # a bad file of the same step is kept aside, not replaced
         os.replace(tmp_name, final)
         _fsync_dir(directory)
     except OSError as exc:
@@ -93,9 +95,79 @@ def write(directory: Path, step: int, payload: bytes, keep: int) -> Path:
         raise CheckpointError(
             f"could not write checkpoint {final} ({exc.strerror}); earlier checkpoints are kept",
             "free disk space or fix permissions of --checkpoint-dir") from None
-    for old in list_checkpoints(directory)[keep:]:
-        old.unlink(missing_ok=True)
+    _remember(final)
+    rotate(directory, keep, final)
     return final
+
+
+_verified: dict[str, tuple[int, int, int]] = {}
+"""Files known valid (written or verified by this process), by (inode, size, mtime): rotation
+reads a file's bytes once, not at every save."""
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _remember(path: Path) -> None:
+    identity = _identity(path)
+    if identity is not None:
+        _verified[str(path)] = identity
+
+
+def problem_of(path: Path) -> str | None:
+    """Why `path` is not a valid checkpoint, or None when it is (verified once per version)."""
+    identity = _identity(path)
+    if identity is not None and _verified.get(str(path)) == identity:
+        return None
+    try:
+        read_payload(path)
+    except CheckpointError as exc:
+        return exc.problem
+    _remember(path)
+    return None
+
+
+def quarantine(path: Path, problem: str) -> None:
+    """Move an invalid checkpoint aside into ``corrupt/`` beside it (never deleted, never
+    counted, never overwritten), with a warning naming both places."""
+    target_dir = path.parent / "corrupt"
+    target = target_dir / path.name
+    n = 0
+    while target.exists():
+        n += 1
+        target = target_dir / f"{path.name}.{n}"
+    try:
+        target_dir.mkdir(exist_ok=True)
+        os.replace(path, target)
+    except OSError as exc:
+        log.warning("bad checkpoint %s could not be moved aside (%s): %s", path, exc.strerror,
+                    problem)
+        return
+    log.warning("moved bad checkpoint %s aside to %s: %s", path.name, target, problem)
+
+
+def rotate(directory: Path, keep: int, written: Path | None = None) -> None:
+    """Keep the newest `keep` valid checkpoints by step: invalid ones are moved aside into
+    ``corrupt/`` (not counted), older valid ones deleted; `written` (just saved) always stays."""
+    kept = 0
+    for path in list_checkpoints(directory):
+        if path == written:
+            kept += 1
+            continue
+        if kept >= keep:
+            path.unlink(missing_ok=True)
+            _verified.pop(str(path), None)
+            continue
+        problem = problem_of(path)
+        if problem is None:
+            kept += 1
+        else:
+            quarantine(path, problem)
 
 
 def snapshot(state: Any) -> Any:
@@ -204,14 +276,20 @@ def read(path: Path) -> dict[str, Any]:
     return deserialize(read_payload(path), str(path))
 
 
-def latest_payload(directory: Path) -> tuple[bytes, Path] | None:
+def latest_payload(directory: Path, set_aside: bool = False) -> tuple[bytes, Path] | None:
     """The newest checkpoint whose bytes verify; invalid newer ones are skipped with a
-    warning."""
+    warning, and with `set_aside` (a run that will write here) moved into ``corrupt/``."""
     for path in list_checkpoints(directory):
         try:
-            return read_payload(path), path
+            payload = read_payload(path)
         except CheckpointError as exc:
-            log.warning("skipping bad checkpoint: %s", exc.problem)
+            if set_aside:
+                quarantine(path, exc.problem)
+            else:
+                log.warning("skipping bad checkpoint: %s", exc.problem)
+            continue
+        _remember(path)
+        return payload, path
     return None
 
 
@@ -250,9 +328,10 @@ def resolve(path: Path) -> Path:
     return found[1]
 
 
-def load_latest(directory: Path) -> tuple[dict[str, Any], Path] | None:
-    """The newest valid checkpoint; invalid newer ones are skipped with a warning."""
-    found = latest_payload(directory)
+def load_latest(directory: Path, set_aside: bool = False) -> tuple[dict[str, Any], Path] | None:
+    """The newest valid checkpoint; invalid newer ones are skipped with a warning (moved into
+    ``corrupt/`` with `set_aside`)."""
+    found = latest_payload(directory, set_aside)
     if found is None:
         return None
     payload, path = found

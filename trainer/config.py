@@ -201,7 +201,9 @@ class CheckpointConfig:
     """Checkpoint every N optimizer steps instead of at every epoch end (0: at every epoch
     end). The end of training is always checkpointed."""
     keep: int = 3
-    """How many of the newest checkpoints to keep."""
+    """How many of the newest valid checkpoints (by step) to keep; an invalid one (torn,
+    corrupt, not a checkpoint) is moved aside into `corrupt/` in this directory, never counted
+    or deleted."""
 
 
 @dataclass
@@ -227,10 +229,12 @@ class MetricsConfig:
 @dataclass
 class OutputConfig:
     dir: str = "outputs"
-    """Directory for `summary.json`, `eval.json` and `steps.jsonl`."""
+    """Directory for `summary.json`, `eval.json` and `steps.jsonl` (not empty; checked before
+    training). `summary.json` is replaced only by a finished run."""
     step_log: bool = True
-    """Rank 0 appends each step's training loss to `steps.jsonl` (written once per log
-    interval, so it costs no extra device sync)."""
+    """Rank 0 writes each step's training loss to `steps.jsonl` (once per log interval, so it
+    costs no extra device sync): a fresh start truncates it at its first step, a resumed run
+    appends."""
 
 
 @dataclass
@@ -452,6 +456,8 @@ def validate(cfg: JobConfig) -> None:
     _require(t.device in DEVICES, "train.device", f"unknown device {t.device!r}",
              f"use one of {', '.join(DEVICES)}")
     _require(c.every >= 0, "checkpoint.every", "must be >= 0", "use 0 for epoch ends only")
+    _require(bool(cfg.output.dir), "output.dir", "is empty (outputs never go to an unnamed "
+             "directory)", "name the directory, e.g. --output-dir outputs")
     _require(c.keep >= 1, "checkpoint.keep", "must be >= 1", "keep at least one checkpoint")
     _require(cfg.dist.backend in BACKENDS, "dist.backend", f"unknown backend {cfg.dist.backend!r}",
              f"use one of {', '.join(BACKENDS)}")

@@ -58,10 +58,14 @@ class Interval:
 
 class StepLog:
     """``steps.jsonl``: one JSON line per optimizer step (recomputed steps appear again),
-    opened at the first write (~70 us an interval when reopened each time)."""
+    opened at the first write (~70 us an interval when reopened each time). It belongs to one
+    run: a fresh start truncates it at its first line (a run that fails before its first step
+    leaves it as it was), a resumed run appends."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fresh: bool = False) -> None:
         self.path = path
+        self.fresh = fresh
+        """Truncate at the first write (a fresh start) instead of appending (a resume)."""
         self._file: TextIO | None = None
 
     def append(self, last_step: int, epochs: list[int], losses: list[float]) -> None:
@@ -69,7 +73,7 @@ class StepLog:
         whose repr is their JSON (~4x faster than json.dumps per line)."""
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
+            self._file = self.path.open("w" if self.fresh else "a", encoding="utf-8")
         first = last_step - len(losses) + 1
         self._file.write("".join(
             f'{{"step": {first + i}, "epoch": {epoch}, "loss": {value!r}}}\n'

@@ -68,6 +68,8 @@ class Reporter:
 
     def start(self, planned: int, step: int, resumed_step: int | None) -> None:
         self.planned = planned
+        if self.step_log is not None:
+            self.step_log.fresh = resumed_step is None  # steps.jsonl belongs to one run
         self._bar = progress_bar(self.is_main, planned, step)
         self.metrics.log({"run/resumed_step": float(resumed_step or 0)}, step)
 

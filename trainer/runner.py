@@ -8,7 +8,6 @@ once with one line instead of leaving the others waiting in the rendezvous.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -26,22 +25,13 @@ from trainer.errors import AgreedStop, CheckpointError, ConfigError, DataError, 
 from trainer.evaluation import evaluate
 from trainer.loaders import eval_loader, worker_options
 from trainer.metrics import MetricsSink, RunInfo, build_metrics
+from trainer.outputs import check_output_dir, write_json
 from trainer.precision import Precision
 from trainer.steps import StepFn
 from trainer.stopping import StopFlag, linger
 from trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
-
-
-def write_json(directory: str, name: str, payload: dict[str, Any]) -> Path:
-    """Write `payload` atomically so a reader never sees half a file."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{name}.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, out / name)
-    return out / name
 
 
 def run_info(cfg: JobConfig, ctx: DistContext, workload: Workload) -> RunInfo:
@@ -78,6 +68,7 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
     _check_alone(cfg, ctx)
     workload = build_workload(cfg, model=model, dataset=dataset, step=step)
     preflight(workload, ctx.device, cfg.train.batch_size)
+    check_output_dir(cfg.output.dir, create=ctx.rank == 0)
     starts = None
     directory = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
     if directory is not None:
@@ -161,6 +152,7 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
                               f"call trainer.evaluate({path!r}, {part}=...) with the same "
                               f"{part}, or train with an import path in the config")
     ctx = plan_context(cfg.dist, cfg.train.device)
+    check_output_dir(output_dir, create=ctx.rank == 0)
     workload = build_workload(cfg, model=model, dataset=None if dataset_spec else dataset,
                               step=step)
     preflight(workload, ctx.device, cfg.train.batch_size)

@@ -26,6 +26,7 @@ from trainer.interval import Interval
 from trainer.loaders import forks_training_process
 from trainer.precision import Precision
 from trainer.reporting import IntervalReport, MetricsLogger, Reporter
+from trainer.resume_check import load_checked, training_state
 from trainer.saving import Saver
 from trainer.steps import as_output
 from trainer.stopping import StopFlag
@@ -178,8 +179,8 @@ class Trainer:
 
     def resume(self, resumed: Resumed) -> None:
         """Continue from the state the ranks agreed on (see :func:`agreement.agree_resume`)."""
-        state = resumed.state
-        self.load_state_dict(state)
+        state = training_state(resumed.state, resumed.name)
+        load_checked(state, self._config, resumed.name, self.load_state_dict)
         position = state["sampler"]["position"] if state["sampler"] else 0
         log.info("resumed from %s: step %d, epoch %d, sample position %d (saved by %d ranks)%s",
                  resumed.name, self.step, self.epoch, position, state["world_size"],

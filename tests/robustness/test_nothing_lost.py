@@ -1,0 +1,159 @@
+"""Nothing is ever lost: checkpoints rotate by validity, bad ones are moved aside, a checkpoint
+of another configuration is refused in one line, outputs go only where the user said and
+survive a run that fails before its first step; steps.jsonl belongs to one run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+
+from tests.robustness.harness import assert_one_error_line, assert_unchanged, snapshot
+from trainer import checkpoint
+
+TINY = ("train", "--dataset", "synthetic", "--set", "data.synthetic_samples=60",
+        "--batch-size", "16", "--metrics-port", "0")
+"""A run of 3 steps an epoch (48 training samples / 16)."""
+
+
+def _state(v: float) -> dict[str, object]:
+    return {"w": torch.full((3,), v), "step": int(v)}
+
+
+def _names(directory: Path) -> list[str]:
+    return [p.name for p in checkpoint.list_checkpoints(directory)]
+
+
+def _steps(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+# -- rotation and quarantine (the checkpoint module alone) -------------------------------------
+
+def test_rotation_keeps_the_newest_valid_and_moves_a_corrupt_newer_name_aside(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = checkpoint.save(tmp_path, 45, _state(45), keep=3)
+    junk = tmp_path / "ckpt-000099999.pt"
+    junk.write_bytes(b"\x00random bytes\xff" * 100)
+    junk_bytes = junk.read_bytes()
+    with caplog.at_level(logging.WARNING):
+        checkpoint.save(tmp_path, 90, _state(90), keep=2)
+    assert _names(tmp_path) == ["ckpt-000000090.pt", good.name]  # both valid ones kept
+    assert (tmp_path / "corrupt" / junk.name).read_bytes() == junk_bytes
+    assert "moved bad checkpoint ckpt-000099999.pt aside" in caplog.text
+
+
+def test_rotation_with_keep_1_never_leaves_no_valid_checkpoint(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, 45, _state(45), keep=1)
+    (tmp_path / "ckpt-000099999.pt").write_bytes(b"garbage")
+    checkpoint.save(tmp_path, 90, _state(90), keep=1)
+    assert _names(tmp_path) == ["ckpt-000000090.pt"]
+    state, _ = checkpoint.load_latest(tmp_path)  # type: ignore[misc]
+    assert state["step"] == 90
+    assert (tmp_path / "corrupt" / "ckpt-000099999.pt").read_bytes() == b"garbage"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_corrupt_file_of_the_same_step_is_moved_aside_not_overwritten(
+        tmp_path: Path, damage: str) -> None:
+    newest = checkpoint.save(tmp_path, 2, _state(2), keep=3)
+    raw = newest.read_bytes()
+    bad = raw[: len(raw) // 2] if damage == "truncate" else raw[:-5] + b"XXXXX"
+    newest.write_bytes(bad)
+    checkpoint.save(tmp_path, 2, _state(2), keep=3)
+    assert checkpoint.read(newest)["step"] == 2
+    assert (tmp_path / "corrupt" / newest.name).read_bytes() == bad
+
+
+def test_resume_sets_corrupt_newer_checkpoints_aside(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, 1, _state(1), keep=3)
+    bad = tmp_path / "ckpt-000000002.pt"
+    bad.write_bytes(b"torn")
+    state, path = checkpoint.load_latest(tmp_path, set_aside=True)  # type: ignore[misc]
+    assert state["step"] == 1 and not bad.exists()
+    assert (tmp_path / "corrupt" / bad.name).read_bytes() == b"torn"
+    again = tmp_path / "ckpt-000000002.pt"
+    again.write_bytes(b"torn again")  # a second one of the same name keeps the first
+    checkpoint.load_latest(tmp_path, set_aside=True)
+    assert (tmp_path / "corrupt" / "ckpt-000000002.pt.1").read_bytes() == b"torn again"
+
+
+# -- whole runs ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint directory and outputs of one finished 1-epoch run (3 steps)."""
+    root = tmp_path_factory.mktemp("trained")
+    (root / "out").mkdir()
+    (root / "out" / "steps.jsonl").write_text('{"step": 99, "epoch": 9, "loss": 1.0}\n')
+    proc = run_cli(*TINY, "--epochs", "1", "--checkpoint-dir", str(root / "ckpt"),
+                   "--output-dir", str(root / "out"))
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def _copy(trained: Path, tmp_path: Path) -> Path:
+    shutil.copytree(trained, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_fresh_start_truncates_steps_jsonl(trained: Path) -> None:
+    assert _steps(trained / "out" / "steps.jsonl") == [1, 2, 3]  # the earlier run's line is gone
+
+
+def test_a_resume_appends_to_steps_jsonl_and_keeps_a_valid_checkpoint(
+        trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    junk = run / "ckpt" / "ckpt-000099999.pt"
+    junk.write_bytes(b"random bytes, not a checkpoint")
+    proc = run_cli(*TINY, "--epochs", "2", "--set", "checkpoint.keep=1", "--checkpoint-dir",
+                   str(run / "ckpt"), "--output-dir", str(run / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert _names(run / "ckpt") == ["ckpt-000000006.pt"]
+    assert checkpoint.read(run / "ckpt" / "ckpt-000000006.pt")["step"] == 6
+    assert (run / "ckpt" / "corrupt" / junk.name).read_bytes() == b"random bytes, not a checkpoint"
+    assert "moved bad checkpoint ckpt-000099999.pt aside" in proc.stderr
+    assert _steps(run / "out" / "steps.jsonl") == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize(("change", "needles"), [
+    (("--set", "model.hidden_sizes=[32]"), ("model.hidden_sizes: [128, 64] -> [32]",)),
+    (("--set", "optim.name=adam"), ("optim.name: 'sgd' -> 'adam'",)),
+    (("--model", "mymodel", "--set", "model.hidden_sizes=[16]"), ("model.name",)),
+], ids=["hidden_sizes", "optimizer", "model"])
+def test_resuming_another_configuration_is_one_line_and_loses_nothing(
+        trained: Path, tmp_path: Path, change: tuple[str, ...], needles: tuple[str, ...]) -> None:
+    run = _copy(trained, tmp_path)
+    before = snapshot(run)
+    proc = run_cli(*TINY, "--epochs", "2", *change, "--checkpoint-dir", str(run / "ckpt"),
+                   "--output-dir", str(run / "out"))
+    line = assert_one_error_line(proc, 2, ("ckpt-000000003.pt", "another --checkpoint-dir",
+                                           *needles))
+    assert "Traceback" not in line
+    assert_unchanged(before)
+
+
+def test_a_run_failing_before_its_first_step_leaves_earlier_outputs(
+        trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    bad = run / "bad.npz"
+    bad.write_bytes(b"not an npz")
+    before = snapshot(run)
+    proc = run_cli(*TINY[:-2], "--dataset", str(bad), "--metrics-port", "0", "--output-dir",
+                   str(run / "out"))
+    assert_one_error_line(proc, 2, ("bad.npz",))
+    assert_unchanged(before)
+
+
+def test_an_empty_output_dir_is_an_error_not_the_current_directory(tmp_path: Path) -> None:
+    (tmp_path / "summary.json").write_text('{"earlier": true}\n')
+    before = snapshot(tmp_path)
+    proc = run_cli(*TINY, "--epochs", "1", "--output-dir", "", cwd=tmp_path)
+    assert_one_error_line(proc, 2, ("output.dir", "--output-dir"))
+    assert_unchanged(before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]

@@ -1,0 +1,47 @@
+"""Where a run's outputs go (``output.dir``): checked before training, written atomically.
+
+Outputs go only to the directory the user named (or the documented default ``outputs``); an
+unusable one (a file, under ``/proc``, read-only) fails before the first step with one line,
+not after training when ``summary.json`` is due.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import ConfigError
+
+
+def check_output_dir(directory: str, create: bool) -> None:
+    """Fail now when outputs cannot be written to `directory`. `create` (the writing rank):
+    create it and probe a file; otherwise only check that no existing part of the path is a
+    file (nothing is created)."""
+    where = "output.dir"
+    fix = "point --output-dir at a writable directory"
+    if not directory:
+        raise ConfigError(f"{where} is empty", "name the directory, e.g. --output-dir outputs")
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{where}: {directory} is not a directory", fix)
+    if not create:
+        return
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{where}: {directory} is not writable ({exc.strerror})", fix) from None
+
+
+def write_json(directory: str, name: str, payload: dict[str, Any]) -> Path:
+    """Write `payload` atomically so a reader never sees half a file."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{name}.tmp"
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, out / name)
+    return out / name
