@@ -14,12 +14,13 @@ import logging
 import os
 import pathlib
 import sys
+import typing
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from trainer import __version__
-from trainer.config import DistConfig, JobConfig, build_config
+from trainer.config import DistConfig, JobConfig, build_config, check_timeout
 from trainer.errors import RankLost, TrainerError
 
 # flag -> (section, key, type)
@@ -86,35 +87,60 @@ def _flag_value(ns: argparse.Namespace, flag: str) -> Any:
     return getattr(ns, flag.lstrip("-").replace("-", "_"))
 
 
-def cli_overrides(ns: argparse.Namespace) -> dict[str, Any]:
+def cli_overrides(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The `--set` values and the flags' values, as two layers: the flags win, but each `--set`
+    value is type-checked even when a flag replaces it."""
     from trainer.config import parse_set
 
-    out = parse_set(ns.set)
+    flags: dict[str, Any] = {}
     for flag, (section, key, _) in CONFIG_FLAGS.items():
         value = _flag_value(ns, flag)
         if value is not None:
-            out.setdefault(section, {})[key] = value
-    return out
+            flags.setdefault(section, {})[key] = value
+    return parse_set(ns.set), flags
+
+
+def _overridden(ns: argparse.Namespace) -> list[tuple[str, str]]:
+    """(flag, --set item) pairs that set the same key; the flag wins."""
+    keys = {f"{section}.{key}": flag for flag, (section, key, _) in CONFIG_FLAGS.items()
+            if _flag_value(ns, flag) is not None}
+    return [(keys[name], item) for item in ns.set
+            if (name := item.partition("=")[0]) in keys]
 
 
 def forwarded_args(ns: argparse.Namespace) -> list[str]:
-    """The config flags of `ns` as argv for a rank process."""
+    """The config flags of `ns` as argv for a rank process (without the `--set` items a flag
+    overrides: the launcher warned about them once)."""
     argv: list[str] = []
-    if ns.config:
+    if ns.config is not None:
         argv += ["--config", ns.config]
     for flag in CONFIG_FLAGS:
         value = _flag_value(ns, flag)
         if value is not None:
             argv += [flag, str(value)]
+    dropped = {item for _, item in _overridden(ns)}
     for item in ns.set:
-        argv += ["--set", item]
+        if item not in dropped:
+            argv += ["--set", item]
     if ns.debug:
         argv.append("--debug")
     return argv
 
 
 def _config(ns: argparse.Namespace) -> JobConfig:
-    return build_config(ns.config, cli_overrides(ns))
+    """The validated config; then one warning line per `--set` a flag overrides with another
+    value."""
+    from trainer.config import merge, parse_set
+
+    cfg = build_config(ns.config, *cli_overrides(ns))
+    for flag, item in _overridden(ns):
+        section, key, _ = CONFIG_FLAGS[flag]
+        value = _flag_value(ns, flag)
+        by_set = getattr(getattr(merge(JobConfig(), parse_set([item]), "--set"), section), key)
+        if by_set != value:
+            logging.getLogger(__name__).warning("%s %s overrides --set %s (flags win over --set)",
+                                                flag, value, item)
+    return cfg
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -183,8 +209,8 @@ def cmd_script(ns: argparse.Namespace) -> int:
 def cmd_evaluate(ns: argparse.Namespace) -> int:
     from trainer import runner
 
-    if ns.timeout is not None and ns.timeout <= 0:
-        raise TrainerError(f"--timeout {ns.timeout} <= 0", "use a number of seconds, e.g. 600")
+    if ns.timeout is not None:
+        check_timeout("--timeout", ns.timeout, "use a number of seconds, e.g. 600")
     if ns.as_rank or ns.nproc_per_node == 1:
         runner.evaluate_checkpoint(ns.checkpoint, ns.dataset, ns.output_dir,
                                    timeout_seconds=ns.timeout)
@@ -206,11 +232,20 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
     return launch(argv, ns.nproc_per_node, 0, timeout, {}, ns.debug)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, except that a usage error is one line with the fix (its subcommands' parsers
+    are of this class too)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {' '.join(message.split())} (fix: see '{self.prog} --help' for "
+                     "the full usage)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ddp-trainer",
         description="Distributed PyTorch training with exact distributed sampling and "
-                    "evaluation. Precedence: flags > --config file > defaults.")
+                    "evaluation. Precedence: flags > --set > --config file > defaults.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

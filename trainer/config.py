@@ -260,6 +260,25 @@ class JobConfig:
         return dataclasses.asdict(self)
 
 
+MAX_TIMEOUT_SECONDS = 365 * 24 * 3600.0
+"""Longest timeout accepted (a year); torch's stores and C++ timers overflow far above it."""
+INT_BITS = 64
+"""Config ints are 64-bit signed (torch seeds, counters, sizes)."""
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """`repr(value)` cut to `limit` characters, for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text)} characters)"
+
+
+def check_timeout(where: str, value: float, fix: str) -> None:
+    """A timeout in seconds: finite, > 0 and at most MAX_TIMEOUT_SECONDS."""
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_SECONDS):
+        raise ConfigError(f"{where}: {value:g} is not a number of seconds in (0, "
+                          f"{MAX_TIMEOUT_SECONDS:.0f}]", fix)
+
+
 def _check_type(where: str, value: Any, annotation: Any) -> Any:
     """Coerce YAML/CLI `value` to `annotation` or raise ConfigError naming `where`."""
     origin = typing.get_origin(annotation)
@@ -280,17 +299,24 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
             return value
     elif annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -(2 ** (INT_BITS - 1)) <= value < 2 ** (INT_BITS - 1):
+                raise ConfigError(f"{where}: {_short(value)} does not fit in {INT_BITS} bits",
+                                  f"set {where} to a smaller int")
             return value
     elif annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:
+                raise ConfigError(f"{where}: {_short(value)} is too large for a float",
+                                  f"set {where} to a number below 1e308") from None
     elif annotation is str:
         if isinstance(value, str):
             return value
     else:
         raise AssertionError(f"unsupported annotation {annotation}")
     raise ConfigError(
-        f"{where}: expected {annotation.__name__}, got {type(value).__name__} {value!r}",
+        f"{where}: expected {annotation.__name__}, got {type(value).__name__} {_short(value)}",
         f"set {where} to a {annotation.__name__}",
     )
 
@@ -330,15 +356,52 @@ def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
     return cfg
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: the problem and where (PyYAML's own text spans lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{exc.problem}{where}"
+    return " ".join(str(exc).split())
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
+    fix = "pass a readable UTF-8 YAML file to --config"
+    if str(path) == "":
+        raise ConfigError("--config '' names no file", "pass a YAML file, or leave --config out")
+    if p.is_dir():
+        raise ConfigError(f"config file {p} is a directory", fix)
+    if not p.exists():
         raise ConfigError(f"config file {p} does not exist", "pass an existing file to --config")
     try:
-        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {p} cannot be read ({exc.strerror})", fix) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte "
+                          f"0x{exc.object[exc.start]:02x} at offset {exc.start})",
+                          "save it as UTF-8") from None
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p} is not valid YAML: {exc}",
-                          "fix the YAML syntax") from None
+        raise ConfigError(f"config file {p} is not valid YAML: {_yaml_problem(exc)}",
+                          "fix the YAML there (each key once per mapping)") from None
     return loaded or {}
 
 
@@ -364,12 +427,14 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def build_config(config_file: str | None, cli: dict[str, Any]) -> JobConfig:
-    """Defaults, then the YAML file, then CLI overrides; validated."""
+def build_config(config_file: str | None, *cli: dict[str, Any]) -> JobConfig:
+    """Defaults, then the YAML file, then each layer of CLI overrides in turn (`--set`, then
+    the flags: each value type-checked even when a later layer replaces it); validated."""
     cfg = JobConfig()
-    if config_file:
+    if config_file is not None:
         merge(cfg, load_yaml(config_file), f"config file {config_file}")
-    merge(cfg, cli, "command line")
+    for layer in cli:
+        merge(cfg, layer, "command line")
     validate(cfg)
     return cfg
 
@@ -435,8 +500,11 @@ def validate(cfg: JobConfig) -> None:
     _require(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
              f"{o.betas} is not two numbers in [0, 1)", "use e.g. [0.9, 0.999]")
     _require(math.isfinite(o.eps) and o.eps > 0, "optim.eps", "must be > 0", "use e.g. 1e-8")
-    _require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0", "use 0 or more")
+    _require(math.isfinite(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay",
+             f"{o.weight_decay} is not a finite number >= 0", "use 0 or more, e.g. 0.01")
     _require(t.epochs >= 1, "train.epochs", f"{t.epochs} < 1", "use --epochs 1 or more")
+    _require(0 <= t.seed < 2 ** (INT_BITS - 1), "train.seed", f"{t.seed} is outside [0, 2**63)",
+             "use e.g. --seed 0")
     _require(t.max_steps >= 0, "train.max_steps", "must be >= 0", "use 0 for no limit")
     _require(t.batch_size >= 1, "train.batch_size", f"{t.batch_size} < 1",
              "use --batch-size 1 or more")
@@ -461,7 +529,7 @@ def validate(cfg: JobConfig) -> None:
     _require(c.keep >= 1, "checkpoint.keep", "must be >= 1", "keep at least one checkpoint")
     _require(cfg.dist.backend in BACKENDS, "dist.backend", f"unknown backend {cfg.dist.backend!r}",
              f"use one of {', '.join(BACKENDS)}")
-    _require(cfg.dist.timeout_seconds > 0, "dist.timeout_seconds", "must be > 0", "use e.g. 600")
+    check_timeout("dist.timeout_seconds", cfg.dist.timeout_seconds, "use e.g. --timeout 600")
     _require(0 <= cfg.metrics.port <= 65535, "metrics.port", f"{cfg.metrics.port} is not a port",
              "use 0 (off) or 1-65535")
     _require(math.isfinite(cfg.metrics.linger_seconds) and cfg.metrics.linger_seconds >= 0,

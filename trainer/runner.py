@@ -27,6 +27,7 @@ from trainer.loaders import eval_loader, worker_options
 from trainer.metrics import MetricsSink, RunInfo, build_metrics
 from trainer.outputs import check_output_dir, write_json
 from trainer.precision import Precision
+from trainer.resume_check import training_state
 from trainer.steps import StepFn
 from trainer.stopping import StopFlag, linger
 from trainer.trainer import Trainer
@@ -131,7 +132,7 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
     """
     path = str(checkpoint.resolve(Path(path)))
     try:
-        state = checkpoint.read(Path(path))
+        state = training_state(checkpoint.read(Path(path)), path, ("config", "model"))
     except CheckpointError:
         if not Path(path).exists():
             raise CheckpointError(f"checkpoint {path} does not exist",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ERROR_LINE = re.compile(r"^(\[rank \d+\] )?error: .+ \(fix: .+\)$")
@@ -28,9 +28,6 @@ class Case:
     setup: Callable[[Path], None] | None = None
     warnings: int = 0
     """WARNING lines expected besides the error line."""
-    cwd: bool = False
-    """Run in the case's directory (default: the repository)."""
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def snapshot(root: Path) -> dict[Path, bytes]:

@@ -1,0 +1,123 @@
+"""Bad input that used to end in a traceback, a multi-line message or silence: each is one
+line ``error: ... (fix: ...)`` with exit 2 (input), no traceback, and nothing touched."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+
+from tests.robustness.harness import Case, assert_one_error_line, assert_unchanged, snapshot
+from trainer import checkpoint
+
+QUICK = ("--dataset", "synthetic", "--metrics-port", "0", "--output-dir", "{tmp}/out")
+"""Every case writes its outputs into its own directory, which holds earlier outputs."""
+
+
+def _file(name: str, data: bytes) -> object:
+    def setup(tmp: Path) -> None:
+        (tmp / name).write_bytes(data)
+    return setup
+
+
+def _dir(name: str) -> object:
+    def setup(tmp: Path) -> None:
+        (tmp / name).mkdir()
+    return setup
+
+
+def _foreign_payload(tmp: Path) -> None:
+    checkpoint.save(tmp, 7, {"weights": torch.zeros(2)}, keep=1)  # our header, not our state
+
+
+CASES = [
+    # flags and --set values whose range used to crash deep inside torch or Python
+    Case("timeout-inf", ("run", "--nproc-per-node", "2", "--timeout", "inf", *QUICK), 2,
+         ("dist.timeout_seconds",)),
+    Case("timeout-1e300", ("run", "--nproc-per-node", "2", "--timeout", "1e300", *QUICK), 2,
+         ("dist.timeout_seconds",)),
+    Case("evaluate-timeout-inf", ("evaluate", "--checkpoint", "{tmp}", "--timeout", "inf",
+                                  "--output-dir", "{tmp}/out"), 2, ("--timeout",)),
+    Case("seed-huge", ("train", "--seed", "99999999999999999999999", *QUICK), 2,
+         ("train.seed",)),
+    Case("lr-400-digits", ("train", "--set", "optim.lr=1" + "0" * 400, *QUICK), 2,
+         ("optim.lr",)),
+    Case("epochs-400-digits", ("train", "--set", "train.epochs=1" + "0" * 400, *QUICK), 2,
+         ("train.epochs",)),
+    Case("weight-decay-inf", ("train", "--set", "optim.weight_decay=.inf", *QUICK), 2,
+         ("optim.weight_decay",)),
+    # output directories
+    Case("output-dir-is-a-file", ("train", *QUICK[:-1], "{tmp}/out/summary.json"), 2,
+         ("output.dir", "not a directory")),
+    Case("output-dir-under-proc", ("train", *QUICK[:-1], "/proc/ddp-trainer-out"), 2,
+         ("output.dir",)),
+    Case("output-dir-empty", ("train", *QUICK[:-1], ""), 2, ("output.dir",)),
+    # --config files
+    Case("config-proc-self-mem", ("train", "--config", "/proc/self/mem", *QUICK), 2,
+         ("/proc/self/mem",)),
+    Case("config-not-utf8", ("train", "--config", "{tmp}/c.yaml", *QUICK), 2,
+         ("c.yaml", "UTF-8"), _file("c.yaml", b"train:\n  epochs: \xff\xfe\n")),
+    Case("config-directory", ("train", "--config", "{tmp}/confdir", *QUICK), 2,
+         ("confdir", "directory"), _dir("confdir")),
+    Case("config-empty-name", ("train", "--config", "", *QUICK), 2, ("--config",)),
+    Case("config-duplicate-key", ("train", "--config", "{tmp}/c.yaml", *QUICK), 2,
+         ("duplicate key", "epochs"), _file("c.yaml", b"train:\n  epochs: 1\n  epochs: 2\n")),
+    Case("config-duplicate-section", ("train", "--config", "{tmp}/c.yaml", *QUICK), 2,
+         ("duplicate key", "train"),
+         _file("c.yaml", b"train:\n  epochs: 1\noptim:\n  lr: 0.1\ntrain:\n  seed: 2\n")),
+    Case("config-bad-yaml", ("train", "--config", "{tmp}/c.yaml", *QUICK), 2,
+         ("c.yaml", "not valid YAML", "line"), _file("c.yaml", b"train: [1, 2\n")),
+    # a --set value is validated even when a flag sets the same key
+    Case("set-list-under-flag", ("train", "--epochs", "1", "--set", "train.epochs=[1,2]",
+                                 *QUICK), 2, ("train.epochs", "expected int")),
+    Case("set-empty-under-flag", ("train", "--epochs", "1", "--set", "train.epochs=", *QUICK),
+         2, ("train.epochs",)),
+    # argparse's own errors
+    Case("argparse-bad-int", ("train", "--epochs", "two"), 2, ("invalid int value", "--help")),
+    Case("argparse-unknown-flag", ("train", "--bogus", "2"), 2,
+         ("unrecognized arguments", "--help")),
+    Case("argparse-missing-command", (), 2, ("required", "--help")),
+    Case("argparse-missing-checkpoint", ("evaluate",), 2, ("--checkpoint", "--help")),
+    # checkpoints
+    Case("evaluate-foreign-payload", ("evaluate", "--checkpoint", "{tmp}/ckpt-000000007.pt",
+                                      "--output-dir", "{tmp}/out"), 2,
+         ("not a ddp-trainer training checkpoint", "config"), _foreign_payload),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_and_touches_nothing(case: Case, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text('{"earlier": true}\n')
+    (out / "steps.jsonl").write_text('{"step": 1, "epoch": 0, "loss": 1.0}\n')
+    if case.setup is not None:
+        case.setup(tmp_path)  # type: ignore[operator]
+    before = snapshot(tmp_path)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in case.argv]
+    proc = run_cli(*argv, cwd=tmp_path)  # a case that trains by mistake writes there
+    assert_one_error_line(proc, case.code, case.needles, case.warnings)
+    assert_unchanged(before)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file of mode 000")
+def test_unreadable_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  epochs: 1\n")
+    cfg.chmod(0)
+    proc = run_cli("train", "--config", str(cfg), "--metrics-port", "0")
+    assert_one_error_line(proc, 2, ("c.yaml",))
+
+
+def test_a_flag_and_set_disagreeing_is_one_warning_and_the_flag_wins(tmp_path: Path) -> None:
+    proc = run_cli("train", "--dataset", "synthetic", "--set", "data.synthetic_samples=60",
+                   "--batch-size", "16", "--epochs", "1", "--set",
+                   "train.epochs=3", "--metrics-port", "0", "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert "--epochs 1" in warnings[0] and "train.epochs=3" in warnings[0], warnings[0]
+    assert '"epochs": 1' in (tmp_path / "summary.json").read_text()
