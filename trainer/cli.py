@@ -160,6 +160,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from trainer.build import check_config
     from trainer.launch import launch
     from trainer.metrics import start_launcher_exporter
+    from trainer.outputs import check_output_dir
     from trainer.stopping import linger
 
     cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
@@ -181,6 +182,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         rank_argv = ["script", ns.script, *ns.script_args]
     else:
         check_config(cfg)  # import paths resolve, files exist; the ranks load the data
+        check_output_dir(cfg.output.dir, create=True)  # once here, not once per rank
         rank_argv = ["train", *forwarded_args(ns)]
     if ns.nproc_per_node < 1:
         raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
@@ -219,7 +221,9 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
     from trainer import checkpoint
     from trainer.launch import launch
+    from trainer.outputs import check_output_dir
 
+    check_output_dir(ns.output_dir, create=True)  # once here, not once per rank
     # every rank scores the same file, chosen once (a directory's newest checkpoint)
     ns.checkpoint = str(checkpoint.resolve(pathlib.Path(ns.checkpoint)))
     timeout = ns.timeout if ns.timeout is not None else DistConfig().timeout_seconds
