@@ -423,7 +423,12 @@ def parse_set(items: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"--set {item!r} conflicts with an earlier --set of "
                                   f"{part!r}", "set a key or its sub-keys, not both")
             node = child
-        node[parts[-1]] = yaml.safe_load(raw) if raw else ""
+        try:
+            node[parts[-1]] = yaml.load(raw, Loader=_UniqueKeyLoader) if raw else ""  # noqa: S506
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML: "
+                              f"{_yaml_problem(exc)}", "write a YAML scalar, [list] or {mapping} "
+                              "with each key once (quote a string that is none of these)") from None
     return out
 
 

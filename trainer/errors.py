@@ -14,6 +14,12 @@ def first_line(value: object, limit: int = 300, empty: str | None = None) -> str
     return text.splitlines()[0][:limit]
 
 
+def _one_line(text: str) -> str:
+    """`text` with its line breaks escaped: user input (a key, a path) quoted in a message
+    cannot break the promised single line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 class TrainerError(Exception):
     """An error caused by input or environment, reported without a traceback.
 
@@ -24,6 +30,7 @@ class TrainerError(Exception):
     exit_code = 2
 
     def __init__(self, problem: str, fix: str) -> None:
+        problem, fix = _one_line(problem), _one_line(fix)
         super().__init__(f"{problem} (fix: {fix})")
         self.problem = problem
         self.fix = fix
