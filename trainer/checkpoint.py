@@ -5,6 +5,11 @@ File layout: one line ``DDPTCKPT1 <sha256-hex> <payload-bytes>\\n`` followed by 
 over the final name (atomic on POSIX) and fsyncs the directory so the rename survives a power
 loss. A load verifies length and checksum before unpickling, and unpickles with
 ``weights_only=True`` (tensors, numbers, strings and containers only).
+
+Nothing valid is lost to an invalid file: rotation keeps the newest ``keep`` *valid* checkpoints
+by step, and a ``ckpt-*.pt`` that fails verification (when a run picks its resume point, when
+rotation meets it, when a save would replace it) is moved aside into ``corrupt/``, with a
+warning, instead of being counted, overwritten or deleted.
 """
 
 from __future__ import annotations

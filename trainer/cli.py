@@ -14,10 +14,9 @@ import logging
 import os
 import pathlib
 import sys
-import typing
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from trainer import __version__
 from trainer.config import DistConfig, JobConfig, build_config, check_timeout
@@ -240,7 +239,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, except that a usage error is one line with the fix (its subcommands' parsers
     are of this class too)."""
 
-    def error(self, message: str) -> typing.NoReturn:
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {' '.join(message.split())} (fix: see '{self.prog} --help' for "
                      "the full usage)\n")
 
