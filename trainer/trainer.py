@@ -350,9 +350,11 @@ class Trainer:
         """Checkpoint where every rank stands and leave with a retryable exit status."""
         saved = self._save(consumed)
         self.saver.wait()
-        where = f"checkpoint {saved}" if saved else "the last checkpoint (rank 0 saved it)"
         if self.saver.directory is None:
-            where = "nowhere: checkpointing is off"
+            raise Preempted(f"stopped by SIGTERM at step {self.step}; progress is not kept "
+                            "(checkpointing is off)", "set --checkpoint-dir so that a restart "
+                            "resumes; restarting now starts again from step 0")
+        where = f"checkpoint {saved}" if saved else "the last checkpoint (rank 0 saved it)"
         raise Preempted(f"stopped by SIGTERM at step {self.step}; progress kept in {where}",
                         "nothing to fix: restarting the job resumes from there")
 
