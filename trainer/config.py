@@ -47,7 +47,8 @@ class DataConfig:
     `package.module:callable` returning a map-style Dataset or a (train, val) pair of them."""
     format: str = "auto"
     """What a `dataset` path holds: `auto` (detected from the files, and logged), `npy`,
-    `images`, `arrow` (save_to_disk), `parquet`, `csv` or `npz`."""
+    `images`, `arrow` (save_to_disk), `parquet`, `csv` or `npz`; only `auto` with a built-in
+    or import-path dataset."""
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of an import-path dataset callable (free-form)."""
     num_classes: int = 0
@@ -471,6 +472,9 @@ def validate(cfg: JobConfig) -> None:
              f"unknown start method {d.worker_start!r}", f"use one of {', '.join(WORKER_STARTS)}")
     _require(d.format in DATA_FORMATS, "data.format", f"unknown format {d.format!r}",
              f"use one of {', '.join(DATA_FORMATS)}")
+    _require(d.format == "auto" or not (d.dataset in DATASET_NAMES or is_import_path(d.dataset)),
+             "data.format", f"{d.format!r} describes a data path, but data.dataset is "
+             f"{d.dataset!r}", "leave data.format at auto, or pass a data path with --dataset")
     _require(d.image_size >= 8, "data.image_size", f"{d.image_size} < 8", "use e.g. 224")
     _require(len(d.image_mean) == 3, "data.image_mean", "needs 3 values (R, G, B)",
              "e.g. [0.485, 0.456, 0.406]")

@@ -47,6 +47,8 @@ CASES = [
          ("optim.lr",)),
     Case("epochs-400-digits", ("train", "--set", "train.epochs=1" + "0" * 400, *QUICK), 2,
          ("train.epochs",)),
+    Case("format-with-builtin-dataset", ("train", "--set", "data.format=parquet", *QUICK), 2,
+         ("data.format", "'synthetic'")),
     Case("weight-decay-inf", ("train", "--set", "optim.weight_decay=.inf", *QUICK), 2,
          ("optim.weight_decay",)),
     # output directories
