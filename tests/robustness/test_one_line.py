@@ -29,6 +29,12 @@ def _dir(name: str) -> object:
     return setup
 
 
+def _one_class_folder(tmp: Path) -> None:
+    from tests.data.datagen import images
+
+    images(tmp / "pics", classes=("cat",), per_class=6)
+
+
 def _foreign_payload(tmp: Path) -> None:
     checkpoint.save(tmp, 7, {"weights": torch.zeros(2)}, keep=1)  # our header, not our state
 
@@ -91,6 +97,9 @@ CASES = [
          ("unrecognized arguments", "--help")),
     Case("argparse-missing-command", (), 2, ("required", "--help")),
     Case("argparse-missing-checkpoint", ("evaluate",), 2, ("--checkpoint", "--help")),
+    # data
+    Case("one-class-image-folder", ("train", *QUICK[:1], "{tmp}/pics", *QUICK[2:]), 2,
+         ("only one class folder", "'cat'"), _one_class_folder),
     # checkpoints
     Case("evaluate-foreign-payload", ("evaluate", "--checkpoint", "{tmp}/ckpt-000000007.pt",
                                       "--output-dir", "{tmp}/out"), 2,

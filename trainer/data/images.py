@@ -122,6 +122,10 @@ def list_folder(root: Path, classes: list[str] | None = None) -> Listing:
     validation folder takes its training folder's); its folders must be among them."""
     present = class_folders(root)
     order = classes or present
+    if len(order) < 2:  # as a one-class array or table is refused
+        raise DataError(f"{root} has only one class folder ({order[0]!r})",
+                        "a classifier needs >= 2 classes: put each class's images in its own "
+                        "DIR/<class name>/")
     unknown = sorted(set(present) - set(order))
     if unknown:
         raise DataError(f"{root} has class folder(s) {unknown[:5]} that the training folder "
