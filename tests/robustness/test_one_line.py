@@ -100,6 +100,9 @@ CASES = [
     # data
     Case("one-class-image-folder", ("train", *QUICK[:1], "{tmp}/pics", *QUICK[2:]), 2,
          ("only one class folder", "'cat'"), _one_class_folder),
+    Case("run-one-class-image-folder", ("run", "--nproc-per-node", "2", *QUICK[:1], "{tmp}/pics",
+                                        *QUICK[2:]), 2, ("only one class folder",),
+         _one_class_folder),
     # checkpoints
     Case("evaluate-foreign-payload", ("evaluate", "--checkpoint", "{tmp}/ckpt-000000007.pt",
                                       "--output-dir", "{tmp}/out"), 2,

@@ -64,14 +64,25 @@ def has_images(folder: Path, probe: int = 8) -> bool:
     return False
 
 
-def inspect(root: Path) -> str:
-    """The launcher's check: class folders exist and none is empty (no file is opened)."""
+def inspect(root: Path, training: bool = True) -> str:
+    """The launcher's check: class folders exist (two or more for `training`) and none is
+    empty (no file is opened)."""
     classes = class_folders(root)
+    if training:
+        _two_classes(root, classes)
     for name in classes:
         with os.scandir(root / name) as it:
             if not any(not e.name.startswith(".") for e in it):
                 raise _empty(root / name)
     return f"image class folders ({len(classes)} classes)"
+
+
+def _two_classes(root: Path, classes: list[str] | tuple[str, ...]) -> None:
+    """A training folder's classes: two or more (as a one-class array or table is refused)."""
+    if len(classes) < 2:
+        raise DataError(f"{root} has only one class folder ({classes[0]!r})",
+                        "a classifier needs >= 2 classes: put each class's images in its own "
+                        "DIR/<class name>/")
 
 
 def _empty(folder: Path) -> DataError:
@@ -122,10 +133,7 @@ def list_folder(root: Path, classes: list[str] | None = None) -> Listing:
     validation folder takes its training folder's); its folders must be among them."""
     present = class_folders(root)
     order = classes or present
-    if len(order) < 2:  # as a one-class array or table is refused
-        raise DataError(f"{root} has only one class folder ({order[0]!r})",
-                        "a classifier needs >= 2 classes: put each class's images in its own "
-                        "DIR/<class name>/")
+    _two_classes(root, order)
     unknown = sorted(set(present) - set(order))
     if unknown:
         raise DataError(f"{root} has class folder(s) {unknown[:5]} that the training folder "

@@ -73,7 +73,7 @@ def _guess(d: Path) -> str | None:
     return next((f for f in DIR_FORMATS if _matches(f, d)), None)
 
 
-def _inspect(fmt: str, root: Path, cfg: DataConfig) -> str:
+def _inspect(fmt: str, root: Path, cfg: DataConfig, training: bool = True) -> str:
     if fmt == "npz":
         return "in-memory .npz arrays"
     if fmt == "csv":
@@ -91,7 +91,7 @@ def _inspect(fmt: str, root: Path, cfg: DataConfig) -> str:
         return arrays.inspect(root).describe()
     if fmt == "arrow":
         return tables.inspect_arrow(root, cfg)
-    return images.inspect(root)
+    return images.inspect(root, training)
 
 
 def detect(path: Path, cfg: DataConfig) -> Layout:
@@ -111,7 +111,7 @@ def detect(path: Path, cfg: DataConfig) -> Layout:
         sub = _guess(train) if fmt == "auto" else (fmt if _matches(fmt, train) else None)
         if sub is not None:
             description = _inspect(sub, train, cfg)
-            _inspect(sub, val, cfg)
+            _inspect(sub, val, cfg, training=False)
             return Layout(sub, train, val, f"train and validation splits of {description}")
     if fmt == "auto":
         guessed = _guess(path)
