@@ -390,6 +390,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {p} is a directory", fix)
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist", "pass an existing file to --config")
+    if not p.is_file():
+        raise ConfigError(f"config file {p} is not a regular file (a device, pipe or socket)",
+                          fix)
     try:
         text = p.read_bytes().decode("utf-8")
     except OSError as exc:

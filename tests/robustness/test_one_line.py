@@ -78,6 +78,8 @@ CASES = [
          ("c.yaml", "UTF-8"), _file("c.yaml", b"train:\n  epochs: \xff\xfe\n")),
     Case("config-directory", ("train", "--config", "{tmp}/confdir", *QUICK), 2,
          ("confdir", "directory"), _dir("confdir")),
+    Case("config-dev-null", ("train", "--config", "/dev/null", *QUICK), 2,
+         ("/dev/null", "not a regular file")),
     Case("config-empty-name", ("train", "--config", "", *QUICK), 2, ("--config",)),
     Case("config-duplicate-key", ("train", "--config", "{tmp}/c.yaml", *QUICK), 2,
          ("duplicate key", "epochs"), _file("c.yaml", b"train:\n  epochs: 1\n  epochs: 2\n")),
@@ -98,6 +100,8 @@ CASES = [
     Case("argparse-missing-command", (), 2, ("required", "--help")),
     Case("argparse-missing-checkpoint", ("evaluate",), 2, ("--checkpoint", "--help")),
     # data
+    Case("dataset-dev-null", ("train", *QUICK[:1], "/dev/null", *QUICK[2:]), 2,
+         ("/dev/null", "not a regular file or a directory")),
     Case("one-class-image-folder", ("train", *QUICK[:1], "{tmp}/pics", *QUICK[2:]), 2,
          ("only one class folder", "'cat'"), _one_class_folder),
     Case("run-one-class-image-folder", ("run", "--nproc-per-node", "2", *QUICK[:1], "{tmp}/pics",

@@ -105,6 +105,9 @@ def detect(path: Path, cfg: DataConfig) -> Layout:
             fmt = FILE_FORMATS[path.suffix.lower()]
         return Layout(fmt, path, None, _inspect(fmt, path, cfg))
     if not path.is_dir():
+        if path.exists():
+            raise DataError(f"data path {path} is not a regular file or a directory (a device, "
+                            "pipe or socket)", "pass a data file or directory")
         raise DataError(f"data path {path} does not exist", "pass an existing file or directory")
     train, val = path / "train", next((path / v for v in VAL_DIRS if (path / v).is_dir()), None)
     if train.is_dir() and val is not None:
