@@ -17,7 +17,7 @@ TAG ?= $(VERSION)
 NPROC ?= 2
 RUN_ARGS ?=
 
-.PHONY: venv tools e2e-tools run test e2e lint bench k8s image push clean
+.PHONY: venv tools e2e-tools run test test-fast e2e lint bench k8s image push clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ run: venv
 
 test: venv tools e2e-tools
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q --durations=15
+
+# The edit-test loop: unit and in-process tests, no external binaries (under 3 minutes on 2
+# CPU cores). tests/conftest.py marks `slow` what drives helm/podman/the image or starts
+# processes; `make test` above still runs everything.
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
 # End to end (docs/e2e.md): the image built from the Dockerfile with podman, the chart's pods
 # played with the training operator's env, trained, killed, drained, resumed and scraped.
