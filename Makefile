@@ -17,8 +17,8 @@ TAG ?= $(VERSION)
 NPROC ?= 2
 RUN_ARGS ?=
 
-.PHONY: venv tools e2e-tools cluster-tools cluster-up cluster-down run test e2e lint bench k8s \
-	image push clean
+.PHONY: venv tools e2e-tools cluster-tools cluster-up cluster-down run test test-fast e2e \
+	lint bench k8s image push clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ test: venv tools e2e-tools cluster-tools
 	$(PY) tools/cluster/cluster.py up
 	status=0; PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q --durations=15 \
 		|| status=$$?; $(PY) tools/cluster/cluster.py down; exit $$status
+
+# The edit-test loop: unit and in-process tests, no external binaries (under 3 minutes on 2
+# CPU cores). tests/conftest.py marks `slow` what drives helm/podman/the image or starts
+# processes; `make test` above still runs everything.
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
 # End to end (docs/e2e.md): the image built from the Dockerfile with podman, the chart's pods
 # played with the training operator's env, trained, killed, drained, resumed and scraped.

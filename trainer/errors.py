@@ -14,6 +14,11 @@ def first_line(value: object, limit: int = 300, empty: str | None = None) -> str
     return text.splitlines()[0][:limit]
 
 
+USER_CODE_EXIT = 5
+"""Exit status of a rank whose user code (model, dataset, step, script) raised: see
+:mod:`trainer.usercode`."""
+
+
 class TrainerError(Exception):
     """An error caused by input or environment, reported without a traceback.
 
