@@ -17,7 +17,8 @@ TAG ?= $(VERSION)
 NPROC ?= 2
 RUN_ARGS ?=
 
-.PHONY: venv tools e2e-tools run test e2e lint bench k8s image push clean
+.PHONY: venv tools e2e-tools cluster-tools cluster-up cluster-down run test test-fast e2e \
+	lint bench k8s image push clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,13 +38,35 @@ tools: venv
 e2e-tools:
 	bash tools/install-podman.sh
 
+# The real single-node Kubernetes of the tests (docs/cluster.md): Debian's containerd, runc,
+# CNI plugins and registry; Kubernetes, etcd, CoreDNS and local-path-provisioner built once per
+# machine from the Go modules in tools/cluster.
+cluster-tools: e2e-tools
+	bash tools/install-cluster.sh
+
+cluster-up: venv cluster-tools
+	$(PY) tools/cluster/cluster.py up
+
+cluster-down:
+	$$(test -x $(PY) && echo $(PY) || echo $(PYTHON)) tools/cluster/cluster.py down
+
 run: venv
 	$(VENV)/bin/ddp-trainer run --nproc-per-node $(NPROC) --dataset digits --output-dir outputs \
 		--metrics-bind-address 127.0.0.1 \
 		--set metrics.linger_seconds=0 $(RUN_ARGS)
 
-test: venv tools e2e-tools
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q --durations=15
+# Every test, the cluster's included: the cluster comes up first (its build and start-up
+# times printed) and goes down after, whatever the tests' outcome.
+test: venv tools e2e-tools cluster-tools
+	$(PY) tools/cluster/cluster.py up
+	status=0; PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q --durations=15 \
+		|| status=$$?; $(PY) tools/cluster/cluster.py down; exit $$status
+
+# The edit-test loop: unit and in-process tests, no external binaries (under 3 minutes on 2
+# CPU cores). tests/conftest.py marks `slow` what drives helm/podman/the image or starts
+# processes; `make test` above still runs everything.
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
 # End to end (docs/e2e.md): the image built from the Dockerfile with podman, the chart's pods
 # played with the training operator's env, trained, killed, drained, resumed and scraped.
@@ -51,7 +74,7 @@ e2e: venv tools e2e-tools
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q tests/e2e tests/image/test_built_image.py
 
 lint: venv
-	$(VENV)/bin/ruff check trainer tests benchmarks examples
+	$(VENV)/bin/ruff check trainer tests benchmarks examples tools
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --strict --explicit-package-bases tests/e2e/harness
 	$(VENV)/bin/hadolint Dockerfile

@@ -41,3 +41,65 @@ def read_json(path: Path) -> dict[str, Any]:
 @pytest.fixture
 def cli() -> Any:
     return run_cli
+
+
+# -- test tiers --------------------------------------------------------------------------------
+# `make test-fast` runs `pytest -m "not slow"`: unit and in-process tests. A test is marked
+# slow here when it lives under a directory whose tests drive external binaries (helm, podman,
+# the image build), or when it — its own code, the module's helpers it calls, or the fixtures
+# it requests — starts processes (our CLI, ranks, Prometheus). A test may also say so itself
+# with @pytest.mark.slow. `make test` runs everything.
+BINARY_DIRS = frozenset({"e2e", "image", "chart", "examples", "cluster"})
+STARTS_PROCESSES = frozenset({"run_cli", "subprocess", "Popen", "spawn", "start_processes",
+                              "multiprocessing", "Process", "mp"})
+
+
+def _codes(code: Any) -> Any:
+    """`code` and the code of the functions and lambdas defined inside it."""
+    yield code
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            yield from _codes(const)
+
+
+def _starts_processes(obj: Any, seen: set[int], depth: int = 0) -> bool:
+    """Whether `obj` (a function, or a class's methods) or a test helper it names starts
+    processes, following names through the test modules' globals a few calls deep."""
+    if id(obj) in seen or depth > 4:
+        return False
+    seen.add(id(obj))
+    if isinstance(obj, type):
+        return any(_starts_processes(v, seen, depth + 1) for v in vars(obj).values())
+    func = getattr(obj, "__func__", obj)
+    func = getattr(func, "__wrapped__", func)
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return False
+    names = {n for c in _codes(code) for n in c.co_names}
+    if names & STARTS_PROCESSES:
+        return True
+    module = getattr(func, "__globals__", {})
+    for name in names:
+        target = module.get(name)
+        where = getattr(target, "__module__", "") or ""
+        ours = where.startswith(("tests", "conftest", "test_")) or where == module.get("__name__")
+        if ours and _starts_processes(target, seen, depth + 1):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = REPO / "tests"
+    for item in items:
+        if item.get_closest_marker("slow"):
+            continue
+        parts = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
+        slow = bool(parts) and parts[0] in BINARY_DIRS
+        if not slow:
+            seen: set[int] = set()
+            fixtures = getattr(item, "_fixtureinfo", None)
+            defs = fixtures.name2fixturedefs.values() if fixtures is not None else ()
+            slow = _starts_processes(getattr(item, "obj", None), seen) or any(
+                _starts_processes(d[-1].func, seen) for d in defs if d)
+        if slow:
+            item.add_marker(pytest.mark.slow)

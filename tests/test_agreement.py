@@ -81,6 +81,13 @@ def _step_losses(path: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
 
 
+def _last_logged_step(path: Path) -> int:
+    """The last step of the complete lines of a steps.jsonl being written (0: none yet)."""
+    text = path.read_text() if path.exists() else ""
+    lines = text.splitlines()[:text.count("\n")]  # a line still being written is left out
+    return max((json.loads(line)["step"] for line in lines), default=0)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pods-uninterrupted")
@@ -97,11 +104,14 @@ def test_per_pod_checkpoints_resume_after_a_killed_rank_as_an_uninterrupted_run(
     pods = Pods(tmp_path, LONG)
 
     def kill_rank1_after_the_first_checkpoint() -> None:
-        ckpt = tmp_path / "pod0" / "ckpt"
+        # Mid-run, after the first checkpoint: once rank 0 has logged a step beyond it.
+        ckpt, steps = tmp_path / "pod0" / "ckpt", tmp_path / "pod0" / "out" / "steps.jsonl"
         deadline = time.monotonic() + 300
-        while not checkpoint.list_checkpoints(ckpt) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            saved = checkpoint.list_checkpoints(ckpt)
+            if saved and _last_logged_step(steps) > int(saved[-1].stem.split("-")[1]):
+                break
             time.sleep(0.01)
-        time.sleep(0.3)
         os.kill(pods.pid(1), signal.SIGKILL)
 
     killer = threading.Thread(target=kill_rank1_after_the_first_checkpoint)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from torch import nn
 
-from trainer.config import ModelConfig
+from trainer.build import build_workload
+from trainer.config import JobConfig, ModelConfig
 from trainer.errors import ConfigError
 from trainer.models import MyModel, build_model
 
@@ -33,3 +37,23 @@ def test_same_seed_gives_identical_weights_on_every_rank() -> None:
 def test_cnn_on_vectors_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="image-shaped"):
         build_model(ModelConfig(name="cnn"), 3, (10,), seed=0)
+
+
+def _user_workload(dataset: str, monkeypatch: pytest.MonkeyPatch) -> nn.Module:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures"))
+    cfg = JobConfig()
+    cfg.data.dataset, cfg.model.name = f"userplugins:{dataset}", "userplugins:classes_model"
+    return build_workload(cfg).model
+
+
+def test_a_user_model_taking_num_classes_gets_max_label_plus_one_from_exposed_targets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _user_workload("targets_four_classes", monkeypatch)
+    assert isinstance(model, nn.Linear) and model.out_features == 4  # not its default 10
+
+
+def test_a_user_model_taking_num_classes_of_data_without_labels_asks_for_data_num_classes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="takes num_classes") as err:
+        _user_workload("unlabelled_four_classes", monkeypatch)
+    assert "set data.num_classes" in str(err.value) and "\n" not in str(err.value)

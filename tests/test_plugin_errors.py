@@ -67,3 +67,38 @@ def test_launcher_ranks_report_a_model_that_does_not_fit_the_labels(tmp_path: Pa
     code, first, _ = _train(tmp_path, "--dataset", "userplugins:five_classes", "--model",
                             "userplugins:narrow_model", launcher=True)
     assert code == 2 and "returns 3 logits per sample but a label is 4" in first
+
+
+def _raise_line() -> str:
+    """tests/fixtures/userplugins.py:LINE of the fixture model's `raise`."""
+    source = (REPO / "tests" / "fixtures" / "userplugins.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if 'raise ValueError("bad input' in text)
+    return f"{REPO / 'tests' / 'fixtures' / 'userplugins.py'}:{line} in forward"
+
+
+def test_a_users_model_raising_on_one_rank_is_the_reported_cause_exit_5(tmp_path: Path) -> None:
+    """Rank 1's model raises at its 20th training batch: rank 0 only sees it vanish (exit 4
+    on its own), but the launcher reports rank 1's exception, file and line, exit 5."""
+    proc = run_cli("run", "--nproc-per-node", "2", "--dataset", "digits", "--model",
+                   "userplugins:fails_on_rank1", "--epochs", "2", "--metrics-port", "0",
+                   "--output-dir", str(tmp_path), env={"PYTHONPATH": f"{REPO}:{FIXTURES}"})
+    assert proc.returncode == 5, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    cause = f"user code raised ValueError: bad input at batch 20 at {_raise_line()}"
+    lines = proc.stderr.splitlines()
+    assert f"[rank 1] error: {cause} (fix: fix the error in your code" in "\n".join(lines)
+    launcher = [line for line in lines if line.startswith("error: ")]
+    assert len(launcher) == 1, proc.stderr
+    assert launcher[0].startswith(f"error: rank 1: {cause}; the other ranks stopped"), launcher
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_users_model_raising_in_one_process_is_one_line_exit_5(tmp_path: Path) -> None:
+    proc = run_cli("train", "--dataset", "digits", "--model", "userplugins:fails_on_rank1",
+                   "--metrics-port", "0", "--output-dir", str(tmp_path),
+                   env={"PYTHONPATH": f"{REPO}:{FIXTURES}", "FAIL_ON_RANK": "0"})
+    assert proc.returncode == 5, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert errors == [f"error: user code raised ValueError: bad input at batch 20 at "
+                      f"{_raise_line()} (fix: fix the error in your code; rerun with --debug "
+                      "for the full traceback)"], proc.stderr

@@ -100,11 +100,16 @@ def _kill_a_rank_and_compare(tmp_path: Path, reference: Path, *extra: str) -> No
     ckpt = tmp_path / "ckpt"
     proc = _popen("run", "--nproc-per-node", "2", "--max-restarts", "2", *LONG, *extra,
                   "--output-dir", str(tmp_path), "--checkpoint-dir", str(ckpt))
+    # A random step after the first checkpoint; the seed is printed (shown with a failure)
+    # and KILL_SEED=<seed> replays the same kill time.
+    seed = int(os.environ.get("KILL_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"kill time seed: KILL_SEED={seed}")
+    delay = random.Random(seed).uniform(0.0, 0.5)
     _wait_for_checkpoint(ckpt, proc)
-    time.sleep(random.uniform(0.0, 0.5))  # a random step after the first checkpoint
+    time.sleep(delay)
     os.kill(_rank_pid(proc.pid, 1), signal.SIGKILL)
     _, err = proc.communicate(timeout=400)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 0, f"KILL_SEED={seed}\n{err}"
     summary = read_json(tmp_path / "summary.json")
     resumed_at = summary["resumed_from_step"]
     assert resumed_at is not None and resumed_at % 20 == 0, err

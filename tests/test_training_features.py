@@ -137,3 +137,55 @@ def test_bad_training_settings_are_one_line_exit_2(tmp_path: Path, args: list[st
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert len(errors) == 1 and needle in errors[0] and "(fix:" in errors[0], proc.stderr
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_compiled_ddp_all_reduces_once_per_accumulated_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile wraps DDP in an OptimizedModule: the micro-batches before the last of an
+    accumulation must still run under DDP's no_sync (one gradient all-reduce a step)."""
+    import functools
+
+    import torch.distributed as dist
+    from conftest import free_port
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainer import build
+
+    reduces: list[int] = []
+
+    def counting(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        reduces.append(bucket.index())
+        fut: torch.futures.Future[torch.Tensor] = dist.all_reduce(
+            bucket.buffer(), async_op=True).get_future()  # type: ignore[union-attr]
+        return fut.then(lambda f: f.value()[0])
+
+    # DDP checks the hook's annotations as objects; this module's are strings (PEP 563).
+    counting.__annotations__.update(bucket=dist.GradBucket,
+                                    **{"return": torch.futures.Future[torch.Tensor]})
+
+    wrap = build.wrap_model
+
+    def wrap_counting(model: nn.Module, strategy: str, ctx: Any) -> nn.Module:
+        wrapped = wrap(model, strategy, ctx)
+        assert isinstance(wrapped, DistributedDataParallel)
+        wrapped.register_comm_hook(None, counting)
+        return wrapped
+
+    monkeypatch.setattr(build, "wrap_model", wrap_counting)
+    # The eager backend: an OptimizedModule like inductor's, without compiling C++ for a minute.
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    # A one-rank process group: DDP, its reducer and no_sync, in this process.
+    for name, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(name, value)
+    try:
+        trainer.fit({"train": {"max_steps": 3, "epochs": 1, "batch_size": 4,
+                               "grad_accum_steps": 4, "compile": True},
+                     "data": {"val_fraction": 0.0}, "metrics": {"port": 0},
+                     "output": {"dir": str(tmp_path)}},
+                    model=nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)),
+                    dataset=_data())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert reduces == [0, 0, 0]  # one bucket, one all-reduce per optimizer step

@@ -37,6 +37,7 @@ from trainer import checkpoint
 from trainer.distributed import DistContext
 from trainer.errors import CheckpointError, RankLost, first_line
 from trainer.stopping import StopFlag
+from trainer.usercode import user_frame
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class Collective:
             return False
         if not isinstance(err, (dist.DistError, RuntimeError)):
             return False
+        if not isinstance(err, dist.DistError) and user_frame(err) is not None:
+            return False  # the user's model raised inside DDP's forward: not a lost peer
         raise RankLost(
             f"another rank stopped responding or died ({self.what} failed: "
             f"{first_line(err, 200)}); collectives time out after "

@@ -349,3 +349,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as err:
+        if debug:
+            raise
+        from trainer import usercode
+
+        exit_code = usercode.report(err)  # the user's model, dataset, step or script raised
+        if exit_code is None:
+            raise  # ours: the traceback is the report
+        _exit_now(exit_code)  # before a peer reports this rank's exit as a lost rank
+        return exit_code

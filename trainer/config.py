@@ -53,7 +53,9 @@ class DataConfig:
     """Keyword arguments of an import-path dataset callable (free-form)."""
     num_classes: int = 0
     """Number of classes; 0 infers max(label) + 1 (image folders: the number of class
-    folders). A label outside [0, num_classes) is an error."""
+    folders; an import-path dataset: its `num_classes` or class names, else the labels it
+    exposes as `targets` or `labels`, else a model callable taking `num_classes` stops
+    asking for this field). A label outside [0, num_classes) is an error."""
     label_column: str = "label"
     """Name of the label column (integer class indices) of a CSV, Parquet or Arrow table."""
     feature_columns: list[str] = field(default_factory=list)

@@ -20,6 +20,11 @@ def _one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
+USER_CODE_EXIT = 5
+"""Exit status of a rank whose user code (model, dataset, step, script) raised: see
+:mod:`trainer.usercode`."""
+
+
 class TrainerError(Exception):
     """An error caused by input or environment, reported without a traceback.
 

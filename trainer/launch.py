@@ -15,9 +15,12 @@ import uuid
 from collections.abc import Mapping
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
+
+from trainer import usercode
+from trainer.errors import USER_CODE_EXIT
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +39,32 @@ def _launcher_argv(nproc: int, max_restarts: int, timeout_seconds: float) -> lis
 
 
 def exit_code_of(err: ChildFailedError) -> int:
-    """The exit code of the rank that failed first (the cause; the others' failures follow
-    from it); a rank killed by signal N maps to 128 + N, as a shell reports it."""
-    _, failure = err.get_first_failure()
+    """The exit code of the cause: a rank whose user code raised (the others only saw it
+    vanish), else the rank that failed first (the others' failures follow from it); a rank
+    killed by signal N maps to 128 + N, as a shell reports it."""
+    _, failure = cause(err)
     code = failure.exitcode
     return 128 - code if code < 0 else code
+
+
+def cause(err: ChildFailedError) -> tuple[int, ProcessFailure]:
+    """(global rank, failure) of the rank whose failure caused the others'."""
+    raised = sorted((rank, f) for rank, f in err.failures.items()
+                    if f.exitcode == USER_CODE_EXIT)
+    return raised[0] if raised else err.get_first_failure()
+
+
+def report_user_code(err: ChildFailedError) -> None:
+    """One line naming the rank whose user code raised, from its error file (written by
+    :func:`trainer.usercode.record`); nothing when no rank's user code raised."""
+    rank, failure = cause(err)
+    if failure.exitcode != USER_CODE_EXIT:
+        return
+    line = failure.message if isinstance(failure.message, str) and \
+        failure.message.startswith(f"rank {rank}: user code raised") else \
+        f"rank {rank}: user code raised (its own error line above names the exception)"
+    print(f"error: {line}; the other ranks stopped because of it (fix: {usercode.FIX})",
+          file=sys.stderr)
 
 
 def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds: float,
@@ -65,6 +89,7 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
+        report_user_code(err)
         return exit_code_of(err)
     except SignalException as err:  # SIGTERM/SIGINT to the agent: it stopped the ranks
         return 128 + int(err.sigval)

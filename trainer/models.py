@@ -4,6 +4,7 @@ that builds any model, built-in or user import path, for training and for `evalu
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -120,6 +121,10 @@ def build_model(cfg: ModelConfig, num_classes: int | None, sample_shape: tuple[i
                                   "it does not define",
                                   "give the dataset num_classes and sample_shape attributes, "
                                   "set data.num_classes, or use a model of your own")
+    elif num_classes is None and "num_classes" not in kwargs and _names(factory, "num_classes"):
+        raise ConfigError(f"model.name {cfg.name!r} takes num_classes, but the dataset neither "
+                          "defines num_classes nor exposes its labels (targets or labels)",
+                          "set data.num_classes (or model.options.num_classes)")
     torch.manual_seed(seed)
     model = plugins.call(factory, kwargs, f"model.name {cfg.name!r}",
                          "fix the model callable or model.options")
@@ -128,6 +133,14 @@ def build_model(cfg: ModelConfig, num_classes: int | None, sample_shape: tuple[i
                                   "not a torch.nn.Module",
                                   "return an nn.Module instance from the callable")
     return model
+
+
+def _names(factory: Any, parameter: str) -> bool:
+    """Whether `factory`'s signature names `parameter` (not just **kwargs)."""
+    try:
+        return parameter in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class _ChannelAdapter(nn.Module):

@@ -21,7 +21,14 @@ from trainer.build import Workload, build_parts, build_workload, check_strategy,
 from trainer.compiling import check_available
 from trainer.config import JobConfig, merge, validate
 from trainer.distributed import DistContext, join, plan_context, teardown
-from trainer.errors import AgreedStop, CheckpointError, ConfigError, DataError, RankLost
+from trainer.errors import (
+    AgreedStop,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    RankLost,
+    TrainerError,
+)
 from trainer.evaluation import evaluate
 from trainer.loaders import eval_loader, worker_options
 from trainer.metrics import MetricsSink, RunInfo, build_metrics
@@ -31,6 +38,7 @@ from trainer.resume_check import training_state
 from trainer.steps import StepFn
 from trainer.stopping import StopFlag, linger
 from trainer.trainer import Trainer
+from trainer.usercode import user_frame
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +118,11 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
     except RankLost:
         group_broken = True
         raise
+    except Exception as err:
+        # The user's code raised: the group is left to the process's exit, so that the peers
+        # see this rank vanish only after it has reported the cause (see trainer.usercode).
+        group_broken = not isinstance(err, TrainerError) and user_frame(err) is not None
+        raise
     finally:
         stop.uninstall()
         if trainer is not None:
@@ -186,6 +199,11 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
         return report
     except RankLost:
         group_broken = True
+        raise
+    except Exception as err:
+        # The user's code raised: the group is left to the process's exit, so that the peers
+        # see this rank vanish only after it has reported the cause (see trainer.usercode).
+        group_broken = not isinstance(err, TrainerError) and user_frame(err) is not None
         raise
     finally:
         if not group_broken:

@@ -63,6 +63,9 @@ class Trainer:
         t = cfg.train
         self.raw_model = parts.model
         self.model = parts.wrapped
+        self._ddp_model = _ddp_inside(parts.wrapped)
+        """The DDP module inside `model` (torch.compile wraps it in an OptimizedModule), or
+        None: micro-batches before the last of an accumulation run under its no_sync()."""
         self.optimizer = parts.optimizer
         self.sampler = parts.sampler
         self.step_fn = parts.step
@@ -252,8 +255,8 @@ class Trainer:
                 batch = to_device(next(it), ctx.device)
                 interval.wait += time.perf_counter() - tw
                 # Gradients are all-reduced only on the last micro-batch of an accumulation.
-                sync = j == k - 1 or not isinstance(self.model, DistributedDataParallel)
-                with self._grad_comm if sync else self._ddp().no_sync():
+                ddp = self._ddp_model
+                with self._grad_comm if j == k - 1 or ddp is None else ddp.no_sync():
                     with self.precision.autocast(), self._compile_errors():
                         out = as_output(self.step_fn(self.model, batch))
                     loss = out.loss
@@ -341,10 +344,6 @@ class Trainer:
                 "lower --lr or check the data for extreme values")
         if verdict.stop:
             self._preempt(position)
-
-    def _ddp(self) -> DistributedDataParallel:
-        assert isinstance(self.model, DistributedDataParallel)
-        return self.model
 
     def _preempt(self, consumed: int) -> None:
         """Checkpoint where every rank stands and leave with a retryable exit status."""
@@ -457,6 +456,13 @@ class Trainer:
             "resumed_from_step": self.resumed_step,
             **({"class_names": list(self.parts.class_names)} if self.parts.class_names else {}),
         }
+
+
+def _ddp_inside(wrapped: torch.nn.Module) -> DistributedDataParallel | None:
+    """The DistributedDataParallel module training calls, seen through torch.compile's
+    OptimizedModule (its `_orig_mod`), or None when gradients are not all-reduced by DDP."""
+    inner = getattr(wrapped, "_orig_mod", wrapped)
+    return inner if isinstance(inner, DistributedDataParallel) else None
 
 
 def _grad_zeroing(optimizer: torch.optim.Optimizer) -> Callable[[], None]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +118,21 @@ def ddp2(cluster_v2: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("KUBECONFIG", str(path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     return cli_runner(capsys)
+
+
+@pytest.fixture
+def first_poll(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once a command has read a job (its first poll's answer is in hand): a test changes
+    the job after that instead of after a sleep that a slow machine may outlast."""
+    from trainer.jobs.kube import Cluster
+
+    read = threading.Event()
+    get = Cluster.get
+
+    def get_and_tell(self: Cluster, kind: Any, name: str) -> dict[str, Any]:
+        obj = get(self, kind, name)
+        read.set()
+        return obj
+
+    monkeypatch.setattr(Cluster, "get", get_and_tell)
+    return read

@@ -121,9 +121,10 @@ def test_logs_note_pods_whose_container_is_still_starting(ddp, cluster: FakeClus
             "start: ContainerCreating") in result.err
 
 
-def test_wait_exits_0_once_the_job_succeeds(ddp, cluster: FakeCluster) -> None:
+def test_wait_exits_0_once_the_job_succeeds(ddp, cluster: FakeCluster,
+                                            first_poll: threading.Event) -> None:
     def operator_finishes() -> None:
-        time.sleep(0.5)
+        assert first_poll.wait(30), "wait never read the job"  # it has seen it Running
         cluster.patch_job("training", "mnist", {"status": {"conditions": [
             condition("Created", "PyTorchJobCreated", "created", T0),
             condition("Running", "PyTorchJobRunning", "running", T0, status="False"),

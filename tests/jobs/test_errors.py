@@ -189,3 +189,26 @@ def test_a_server_that_never_answers_fails_after_the_request_timeout(
     assert f"cannot reach the Kubernetes API server {url}" in line
     assert "timed out" in line
     assert elapsed < 10
+
+
+@pytest.mark.parametrize(("path", "answer", "needles"), [
+    # A discovery document whose resource lacks `namespaced` (and `singularName`).
+    ("/apis/kubeflow.org/v1",
+     {"kind": "APIResourceList", "groupVersion": "kubeflow.org/v1",
+      "resources": [{"name": "pytorchjobs", "kind": "PyTorchJob", "verbs": ["list"]}]},
+     ["to discover the served job kinds", "namespaced: "]),
+    # A list whose items are not objects.
+    ("/apis/kubeflow.org/v1/namespaces/training/pytorchjobs",
+     {"kind": "PyTorchJobList", "apiVersion": "kubeflow.org/v1", "items": ["mnist"]},
+     ["to list pytorchjobs"]),
+])
+def test_a_malformed_answer_is_one_line_exit_2(ddp, cluster: FakeCluster, path: str,
+                                               answer: dict[str, object],
+                                               needles: list[str]) -> None:
+    cluster.call(lambda: cluster.k[kmock.path(path)] << answer)
+    result = ddp("list")
+    assert result.code == 2
+    line = one_line_error(result.err)
+    assert f"unexpected answer from the API server {cluster.url}" in line
+    for needle in needles:
+        assert needle in line, line

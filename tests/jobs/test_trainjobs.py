@@ -5,7 +5,6 @@ containers by rank, wait, delete, suspend and resume via spec.suspend, and --kin
 from __future__ import annotations
 
 import threading
-import time
 
 from tests.jobs.cluster import T0, TRAINJOB_PATH, FakeCluster, condition, node_pod, trainjob
 
@@ -77,9 +76,10 @@ def test_logs_merge_node_containers_by_time_with_rank_ranges(ddp2) -> None:
         "[ranks 4-7] INFO node 1 joined", "[ranks 4-7] [rank 5] WARNING slow"]
 
 
-def test_wait_exits_0_when_the_trainjob_completes(ddp2, cluster_v2: FakeCluster) -> None:
+def test_wait_exits_0_when_the_trainjob_completes(ddp2, cluster_v2: FakeCluster,
+                                                  first_poll: threading.Event) -> None:
     def controller_finishes() -> None:
-        time.sleep(0.5)
+        assert first_poll.wait(30), "wait never read the trainjob"  # it has seen it Running
         cluster_v2.patch_job("training", "llm", {"status": {"conditions": [
             condition("Complete", "AllJobsCompleted", "jobset completed successfully", T0)]}},
             path=TRAINJOB_PATH)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trainer import plugins
 from trainer.config import DATASET_NAMES, DataConfig
 from trainer.data import layout, memory
@@ -36,7 +38,8 @@ class DataSplits:
     train: IndexView
     val: IndexView
     num_classes: int | None
-    """Classes, from ``data.num_classes`` or the dataset's ``num_classes`` (None: unknown)."""
+    """Classes, from ``data.num_classes``, the dataset's ``num_classes`` or class names, or
+    max(label) + 1 over the labels it exposes (``targets``, ``labels``); None: unknown."""
     sample_shape: tuple[int, ...] | None
     """Shape of one sample's inputs (the dataset's ``sample_shape`` or sample 0's)."""
     name: str
@@ -116,4 +119,30 @@ def build_splits(cfg: DataConfig, seed: int, dataset: Any = None) -> DataSplits:
     class_names = tuple(str(n) for n in names) if isinstance(names, (list, tuple)) else None
     if class_names is not None and num_classes is None:
         num_classes = len(class_names)
+    if num_classes is None:
+        num_classes = exposed_classes(base, val.base if val.base is not base else None)
     return DataSplits(train, val, num_classes, sample_shape, name, class_names)
+
+
+LABEL_ATTRIBUTES = ("targets", "labels")
+"""Attributes holding every sample's label (torchvision's datasets name theirs `targets`)."""
+
+
+def exposed_classes(*datasets: Any) -> int | None:
+    """max(label) + 1 over the labels `datasets` expose as a whole (a `targets` or `labels`
+    sequence of integers, read without loading a sample), or None when one does not."""
+    top = -1
+    for ds in (d for d in datasets if d is not None):
+        labels = next((getattr(ds, a) for a in LABEL_ATTRIBUTES
+                       if getattr(ds, a, None) is not None), None)
+        if labels is None:
+            return None
+        try:
+            values = torch.as_tensor(labels)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        if values.dim() != 1 or values.is_floating_point() or values.is_complex() \
+                or values.dtype == torch.bool or values.numel() == 0:
+            return None
+        top = max(top, int(values.max()))
+    return top + 1 if top >= 0 else None

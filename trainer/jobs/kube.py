@@ -129,9 +129,17 @@ class Cluster:
             raise
         except Exception as exc:  # noqa: BLE001 - classified below, re-raised if unknown
             translated = self.translate(exc, action, kind, job)
-            if translated is None:
-                raise
-            raise translated from exc
+            raise (translated or self.unexpected(exc, action)) from exc
+
+    def unexpected(self, exc: BaseException, action: str) -> TrainerError:
+        """An answer the clients could not read (a discovery document without `namespaced`,
+        an object of the wrong shape, a body that is not JSON): one line, not a traceback."""
+        return ApiFailed(
+            f"unexpected answer from the API server {self.server} (context {self.context!r}) "
+            f"to {action}: {type(exc).__name__}: {_unreadable(exc)}",
+            "check that the server is a Kubernetes API server and the CRD's version is the one "
+            "expected (`kubectl get --raw /apis`); rerun with --debug for the traceback",
+        )
 
     def translate(self, exc: BaseException, action: str, kind: Kind | None,
                   job: str | None) -> TrainerError | None:
@@ -303,6 +311,19 @@ def connect(target: Target) -> Cluster:
         core=client.CoreV1Api(api_client),
         custom=client.CustomObjectsApi(api_client),
     )
+
+
+def _unreadable(exc: BaseException) -> str:
+    """What did not fit: a pydantic ValidationError's fields (the client's models), else the
+    first line of the error."""
+    fields = getattr(exc, "errors", None)
+    if callable(fields):
+        try:
+            return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                             for e in fields())[:200] or first_line(exc, 200)
+        except (TypeError, KeyError, AttributeError, ValueError):
+            pass
+    return first_line(exc, 200, empty="(no message)")
 
 
 def _service_account_namespace() -> str:

@@ -1,0 +1,94 @@
+"""The test cluster as the tests use it: kubectl with the admin kubeconfig, manifests as
+dicts, waits on the API's own conditions (kubectl wait watches; nothing sleeps)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER = REPO / "tools" / "cluster"
+STATE = REPO / ".cache" / "cluster"
+KUBECTL = REPO / ".tools" / "cluster" / "bin" / "kubectl"
+
+# The chart's container securityContext (values.yaml), which `restricted` admits.
+RESTRICTED_CONTAINER: dict[str, Any] = {
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+    "runAsUser": 10001, "runAsGroup": 10001, "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_POD: dict[str, Any] = {
+    "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+class KubectlError(RuntimeError):
+    def __init__(self, args: list[str], proc: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(f"kubectl {' '.join(args)} exited {proc.returncode}: "
+                         f"{proc.stderr.strip()[-3000:]}")
+        self.stderr = proc.stderr
+
+
+@dataclass(frozen=True)
+class Cluster:
+    kubeconfig: Path
+    image: str
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
+                timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        argv = [str(KUBECTL), "--kubeconfig", str(self.kubeconfig), *args]
+        proc = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise KubectlError(list(args), proc)
+        return proc
+
+    def apply(self, *objects: dict[str, Any], check: bool = True
+              ) -> subprocess.CompletedProcess[str]:
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)})
+        return self.kubectl("apply", "-f", "-", stdin=body, check=check)
+
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any]:
+        out = self.kubectl("get", kind, name, "-n", namespace, "-o", "json").stdout
+        result: dict[str, Any] = json.loads(out)
+        return result
+
+    def wait(self, what: str, condition: str, namespace: str, timeout: int = 300) -> None:
+        """`kubectl wait` (a watch on the API) for `condition`, e.g. `jsonpath={.status.phase}
+        =Succeeded`; on failure the message carries the object's events and logs."""
+        proc = self.kubectl("wait", what, "-n", namespace, f"--for={condition}",
+                            f"--timeout={timeout}s", check=False, timeout=timeout + 30)
+        if proc.returncode != 0:
+            described = self.kubectl("describe", what, "-n", namespace, check=False).stdout
+            raise AssertionError(f"{what} never reached {condition}: {proc.stderr}\n"
+                                 f"{described[-4000:]}")
+
+    def logs(self, pod: str, namespace: str) -> str:
+        return self.kubectl("logs", pod, "-n", namespace).stdout
+
+    def namespace(self, prefix: str, enforce: str = "restricted") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        labels = {f"pod-security.kubernetes.io/{mode}": enforce
+                  for mode in ("enforce", "warn", "audit")}
+        labels["pod-security.kubernetes.io/enforce-version"] = "latest"
+        self.apply({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": name, "labels": labels}})
+        return name
+
+
+def bring_up() -> Cluster:
+    """`cluster.py up` (idempotent: a running cluster is reused) and the files it wrote."""
+    proc = subprocess.run([sys.executable, str(CLUSTER / "cluster.py"), "up"], text=True,
+                          capture_output=True, check=False)
+    sys.stdout.write(proc.stdout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tools/cluster/cluster.py up exited {proc.returncode}:\n"
+                           f"{proc.stdout[-3000:]}{proc.stderr[-5000:]}")
+    values = json.loads("".join(line for line in (STATE / "values-local.yaml").read_text()
+                                .splitlines(keepends=True) if not line.startswith("#")))
+    image = f"{values['image']['repository']}:{values['image']['tag']}"
+    return Cluster(STATE / "kubeconfig", image)

@@ -1,0 +1,125 @@
+"""Builds the cluster's components from their Go modules (pinned in the go.mod files beside
+this file) into a per-version cache outside the clone.
+
+A cache folder is named by a hash of its module's go.mod, go.sum and sources and of the Go
+version, so a pin bump builds anew and anything else reuses what a machine built once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from layout import HERE, Versions, binaries_cache
+
+
+@dataclass(frozen=True)
+class Group:
+    """One Go module of ours and the binaries built from it."""
+
+    module: Path
+    packages: tuple[tuple[str, str], ...]  # (binary name, package path)
+
+    def ldflags(self, versions: Versions) -> str:
+        if self.module.name == "localpath":  # what its release build stamps
+            return f"-s -w -X main.VERSION={versions.local_path}"
+        if self.module != HERE:
+            return "-s -w"
+        major, minor = versions.kubernetes.lstrip("v").split(".")[:2]
+        stamp = "k8s.io/component-base/version"
+        # What `--version` and `kubectl version` print (the release scripts stamp the same).
+        return (f"-s -w -X {stamp}.gitVersion={versions.kubernetes} -X {stamp}.gitMajor={major}"
+                f" -X {stamp}.gitMinor={minor}")
+
+
+K8S = "k8s.io/kubernetes/cmd/"
+GROUPS = (
+    Group(HERE, (("kube-apiserver", K8S + "kube-apiserver"),
+                 ("kube-controller-manager", K8S + "kube-controller-manager"),
+                 ("kube-scheduler", K8S + "kube-scheduler"), ("kubelet", K8S + "kubelet"),
+                 ("kube-proxy", K8S + "kube-proxy"), ("kubectl", K8S + "kubectl"),
+                 ("etcd", "./cmd/etcd"))),
+    Group(HERE / "coredns", (("coredns", "."),)),
+    Group(HERE / "localpath", (("local-path-provisioner",
+                                "github.com/rancher/local-path-provisioner"),)),
+)
+
+
+class BuildError(RuntimeError):
+    """A Go build failed; the message has the command and the output's tail."""
+
+
+def _go() -> str:
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists()
+                                else None)
+    if go is None:
+        raise BuildError("go not found (fix: install Go >= 1.26, the version the go.mod files "
+                         "name, and put it on PATH)")
+    return go
+
+
+def key(group: Group, go: str, ldflags: str) -> str:
+    h = hashlib.sha256(subprocess.run([go, "version"], capture_output=True, text=True,
+                                      check=True).stdout.encode() + ldflags.encode())
+    for path in sorted(p for p in group.module.iterdir()
+                       if p.suffix in (".mod", ".sum") or p.name == "cmd"):
+        files = sorted(path.rglob("*.go")) if path.is_dir() else [path]
+        for f in files:
+            h.update(str(f.relative_to(group.module)).encode() + b"\0" + f.read_bytes())
+    for f in sorted(group.module.glob("*.go")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build(group: Group, versions: Versions) -> Path:
+    """The folder holding the group's binaries, built if this machine has not yet."""
+    go = _go()
+    ldflags = group.ldflags(versions)
+    out = binaries_cache() / f"{group.module.name}-{key(group, go, ldflags)}"
+    if all((out / name).is_file() for name, _ in group.packages):
+        return out
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    command = [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp)]
+    command += [pkg for _, pkg in group.packages]
+    started = time.monotonic()
+    print(f"cluster: building {', '.join(n for n, _ in group.packages)} "
+          f"(go build in {group.module.relative_to(HERE.parents[1])})", flush=True)
+    env = {**os.environ, "GOFLAGS": "-mod=readonly -buildvcs=false"}
+    proc = subprocess.run(command, cwd=group.module, env=env, capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(command)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+    for name, pkg in group.packages:  # go build -o DIR names a binary after its package
+        built = tmp / Path(pkg).name if pkg != "." else tmp / group.module.name
+        if not (tmp / name).exists() and built.exists():
+            built.rename(tmp / name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    for older in out.parent.glob(f"{group.module.name}-*"):  # earlier pins of this module
+        if older != out:
+            shutil.rmtree(older, ignore_errors=True)
+    print(f"cluster: built in {time.monotonic() - started:.0f} s -> {out}", flush=True)
+    return out
+
+
+def build_all(versions: Versions) -> dict[str, Path]:
+    """Binary name -> path, for every component."""
+    binaries: dict[str, Path] = {}
+    for group in GROUPS:
+        folder = build(group, versions)
+        binaries.update({name: folder / name for name, _ in group.packages})
+    return binaries
+
+
+if __name__ == "__main__":
+    for name, path in build_all(Versions.read()).items():
+        print(name, path)
+    sys.exit(0)

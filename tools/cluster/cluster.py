@@ -1,0 +1,248 @@
+"""`make cluster-up` / `make cluster-down`: a real single-node Kubernetes on this host.
+
+    python3 tools/cluster/cluster.py up      # build (once per version), start, wait, write files
+    python3 tools/cluster/cluster.py down    # stop everything it started, remove the state
+    python3 tools/cluster/cluster.py build   # only the Go builds
+
+Every component is the real one, built from its Go module (go.mod files beside this file) or
+taken from Debian (containerd, runc, CNI plugins, the registry); docs/cluster.md lists them,
+with each host-specific flag and what is still not real here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import api
+import builds
+import components
+import configs
+import images
+import pki
+import procs
+from dns import query_a
+from layout import (
+    BRIDGE,
+    CLUSTER_DOMAIN,
+    HERE,
+    KUBERNETES_SERVICE_IP,
+    NODE_INTERFACE,
+    NODE_IP,
+    NODE_NAME,
+    REPO,
+    Paths,
+    Versions,
+)
+from procs import ClusterError
+
+NEEDS = ("containerd", "containerd-shim-runc-v2", "runc", "docker-registry", "podman",
+         "openssl", "ip", "mount", "umount")
+KUBECONFIGS = ("admin", "controller-manager", "scheduler", "kube-proxy", "coredns",
+               "local-path-provisioner")
+TOOLS_BIN = REPO / ".tools" / "cluster" / "bin"
+
+
+def log(message: str) -> None:
+    print(f"cluster: {message}", flush=True)
+
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise ClusterError("the cluster's node runs containers and makes network interfaces: "
+                           "run as root")
+    missing = [n for n in NEEDS if shutil.which(n) is None]
+    if missing:
+        raise ClusterError(f"missing {', '.join(missing)} (fix: bash tools/install-cluster.sh)")
+
+
+def node_interface() -> None:
+    """The node's address on an interface of its own (layout.NODE_IP)."""
+    if subprocess.run(["ip", "link", "show", NODE_INTERFACE], capture_output=True,
+                      check=False).returncode != 0:
+        # A bridge without ports: this kernel has no `dummy` module ("Unknown device type").
+        subprocess.run(["ip", "link", "add", NODE_INTERFACE, "type", "bridge"], check=True)
+    shown = subprocess.run(["ip", "-4", "addr", "show", "dev", NODE_INTERFACE],
+                           capture_output=True, text=True, check=True).stdout
+    if f"{NODE_IP}/" not in shown:
+        subprocess.run(["ip", "addr", "add", f"{NODE_IP}/32", "dev", NODE_INTERFACE],
+                       check=True)
+    subprocess.run(["ip", "link", "set", NODE_INTERFACE, "up"], check=True)
+
+
+def start_all(paths: Paths, wanted: list[components.Component]) -> None:
+    for component in wanted:
+        started = time.monotonic()
+        pid, fresh = procs.start(paths, component.name, component.argv, component.env)
+        procs.wait_for(lambda c=component: components.ready(paths, c), component.timeout,
+                       f"{component.name} (pid {pid}) ready", paths.logs / f"{component.name}.log",
+                       alive=procs.alive(paths, component.name))
+        log(f"{component.name} {'started' if fresh else 'already running'} "
+            f"({time.monotonic() - started:.1f} s)")
+
+
+def write_configs(paths: Paths) -> None:
+    pki.make(paths.pki)
+    pki.kubeconfig(paths.pki, "admin", paths.kubeconfig)
+    for user in KUBECONFIGS:
+        pki.kubeconfig(paths.pki, user, paths.config / f"{user}.kubeconfig")
+    pki.kubeconfig(paths.pki, "kubelet-client", paths.config / "kubelet.kubeconfig")
+    configs.containerd(paths)
+    configs.cni(paths)
+    configs.kubelet(paths)
+    configs.corefile(paths)
+    configs.registry(paths)
+    configs.local_path(paths)
+    helper = (HERE / "helper-pod.yaml").read_text().replace("HELPER_IMAGE", configs.HELPER_IMAGE)
+    (paths.config / "helper-pod.yaml").write_text(helper)
+    paths.storage.mkdir(parents=True, exist_ok=True)
+
+
+def values_local(paths: Paths, image: str) -> None:
+    repository, tag = image.rsplit(":", 1)
+    values = {
+        "image": {"repository": repository, "tag": tag},
+        # No GPUs on this node: one CPU rank per pod.
+        "gpusPerReplica": 0,
+        # Two cores and 24 GiB for the whole node: the defaults (2 CPUs, 8 GiB requested per
+        # replica) would leave a 2-pod job unschedulable.
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"},
+                      "limits": {"cpu": "2", "memory": "6Gi"}},
+        # prometheus-operator's CRDs are not installed on this cluster yet (issue 19): the
+        # PodMonitor and PrometheusRule kinds do not exist here.
+        "metrics": {"podMonitor": {"enabled": False}, "prometheusRule": {"enabled": False}},
+    }
+    header = ("# Chart values for the test cluster (make cluster-up), only those that must\n"
+              "# differ from the chart's defaults here. JSON, which is YAML.\n")
+    paths.values_local.write_text(header + json.dumps(values, indent=1) + "\n")
+
+
+def dns_answers() -> bool:
+    try:
+        return query_a(f"kubernetes.default.svc.{CLUSTER_DOMAIN}", NODE_IP) == \
+            [KUBERNETES_SERVICE_IP]
+    except OSError:
+        return False
+
+
+def up(paths: Paths) -> None:
+    began = time.monotonic()
+    preflight()
+    versions = Versions.read()
+    log(f"Kubernetes {versions.kubernetes}, etcd {versions.etcd}, CoreDNS {versions.coredns}, "
+        f"local-path-provisioner {versions.local_path}")
+    t = time.monotonic()
+    bins = builds.build_all(versions)
+    log(f"binaries ready ({time.monotonic() - t:.0f} s)")
+    TOOLS_BIN.mkdir(parents=True, exist_ok=True)
+    link = TOOLS_BIN / "kubectl"
+    link.unlink(missing_ok=True)
+    link.symlink_to(bins["kubectl"])
+    write_configs(paths)
+    node_interface()
+    start_all(paths, components.control_plane(paths, bins))
+    api.kubectl(paths, bins["kubectl"], "apply", "--server-side", "-f",
+                str(HERE / "addons.yaml"))
+    t = time.monotonic()
+    podman = images.Podman()
+    images.system_images(podman, paths)
+    image, built = images.trainer(podman, paths)
+    log(f"images in the registry: {image} (built in {built.build_seconds:.0f} s; "
+        f"{time.monotonic() - t:.0f} s with pushes)")
+    start_all(paths, components.node(paths, bins))
+    procs.wait_for(lambda: api.node_ready(paths, NODE_NAME), 120, f"node {NODE_NAME} Ready",
+                   paths.logs / "kubelet.log")
+    procs.wait_for(dns_answers, 60, "CoreDNS answering kubernetes.default",
+                   paths.logs / "coredns.log")
+    values_local(paths, image)
+    log(f"up in {time.monotonic() - began:.0f} s: KUBECONFIG={paths.kubeconfig}, "
+        f"values {paths.values_local}, kubectl {link}")
+
+
+def down(paths: Paths) -> None:
+    """Stops every process `up` started (pods' containers included) and removes the state."""
+    for name in ("local-path-provisioner", "coredns", "kubelet"):
+        procs.stop(paths, name)
+    _kill_containers()
+    for pid in procs.pids_matching(f"-address {paths.containerd_socket}"):
+        procs.kill_and_wait(pid, 5)  # the shims
+    for name in ("containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+                 "registry", "etcd"):
+        procs.stop(paths, name)
+    _unmount_under(paths.runtime)
+    for netns in Path("/run/netns").glob("cni-*"):  # containerd's pod network namespaces
+        subprocess.run(["umount", str(netns)], capture_output=True, check=False)
+        netns.unlink(missing_ok=True)
+    _remove_cgroups()
+    for link in (BRIDGE, NODE_INTERFACE):
+        subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
+    shutil.rmtree(paths.runtime, ignore_errors=True)
+    for name in ("pki", "config", "pids", "kubeconfig", "values-local.yaml"):
+        target = paths.state / name
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+    log("down: every process stopped, state removed (logs kept in "
+        f"{paths.logs}; built binaries kept in {builds.binaries_cache()})")
+
+
+def _kill_containers() -> None:
+    """Every container containerd's k8s.io namespace runs, through runc itself."""
+    root = Path("/run/containerd/runc/k8s.io")
+    if not root.exists():
+        return
+    listed = subprocess.run(["runc", "--root", str(root), "list", "-q"], capture_output=True,
+                            text=True, check=False).stdout.split()
+    for container in listed:
+        subprocess.run(["runc", "--root", str(root), "kill", container, "KILL"],
+                       capture_output=True, check=False)
+        subprocess.run(["runc", "--root", str(root), "delete", "--force", container],
+                       capture_output=True, check=False)
+
+
+def _remove_cgroups() -> None:
+    """The kubelet's `kubepods` cgroups (cgroupfs driver), deepest first, once empty."""
+    for tree in Path("/sys/fs/cgroup").glob("*/kubepods"):
+        for folder in sorted(tree.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if folder.is_dir():
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        with contextlib.suppress(OSError):
+            tree.rmdir()
+
+
+def _unmount_under(root: Path) -> None:
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for target in sorted((m for m in mounts if m.startswith(str(root) + "/")), reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("up", "down", "build"))
+    args = parser.parse_args(argv)
+    paths = Paths.default()
+    try:
+        if args.action == "up":
+            up(paths)
+        elif args.action == "down":
+            down(paths)
+        else:
+            builds.build_all(Versions.read())
+    except (ClusterError, builds.BuildError, RuntimeError,
+            subprocess.CalledProcessError) as err:
+        print(f"cluster: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

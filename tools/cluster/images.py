@@ -1,0 +1,87 @@
+"""The images the cluster pulls, made locally and pushed to the cluster's registry with
+podman; containerd then pulls them over HTTPS as a cluster pulls from any registry.
+
+- pause: the pod sandbox, Debian's static catatonit in pause mode (podman's own pause image
+  is made the same way);
+- busybox: Debian's busybox-static, for local-path-provisioner's helper pods;
+- ddp-trainer: the checkout's Dockerfile, built by the e2e harness's podman path
+  (tests/e2e/harness/image.py: a debootstrapped base, the local wheel index).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from configs import HELPER_IMAGE, PAUSE_IMAGE
+from layout import REGISTRY, REPO, Paths
+
+sys.path.insert(0, str(REPO))
+from tests.e2e.harness.image import BuiltImage, trainer_image  # noqa: E402
+from tests.e2e.harness.podman import Podman  # noqa: E402
+
+TRAINER_REPOSITORY = f"{REGISTRY}/ddp-trainer"
+
+PAUSE_FILE = """FROM scratch
+COPY catatonit /pause
+USER 65535:65535
+ENTRYPOINT ["/pause", "-P"]
+"""
+BUSYBOX_FILE = """FROM scratch
+COPY busybox /bin/busybox
+RUN ["/bin/busybox", "--install", "-s", "/bin"]
+ENTRYPOINT ["/bin/sh"]
+"""
+
+
+def in_registry(paths: Paths, ref: str) -> bool:
+    name, tag = ref.removeprefix(REGISTRY + "/").rsplit(":", 1)
+    request = urllib.request.Request(
+        f"https://{REGISTRY}/v2/{name}/manifests/{tag}", method="HEAD",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                           "application/vnd.docker.distribution.manifest.v2+json"})
+    import ssl
+    ctx = ssl.create_default_context(cafile=str(paths.pki / "ca.crt"))
+    try:
+        with urllib.request.urlopen(request, context=ctx, timeout=10) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def push(podman: Podman, paths: Paths, local: str, remote: str) -> None:
+    certs = paths.config / "registry-certs"  # podman's --cert-dir: the CA as *.crt
+    certs.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(paths.pki / "ca.crt", certs / "ca.crt")
+    podman.run("push", "--cert-dir", str(certs), local, f"docker://{remote}", timeout=1200)
+
+
+def _tiny(podman: Podman, paths: Paths, remote: str, containerfile: str,
+          files: dict[str, Path]) -> None:
+    if in_registry(paths, remote):
+        return
+    local = "localhost/ddp-trainer-cluster/" + remote.rsplit("/", 1)[1]
+    with tempfile.TemporaryDirectory() as context:
+        for name, source in files.items():
+            shutil.copy2(source, Path(context) / name)
+        (Path(context) / "Containerfile").write_text(containerfile)
+        podman.run("build", "--network", "none", "--layers=false", "--tag", local, context)
+    push(podman, paths, local, remote)
+
+
+def system_images(podman: Podman, paths: Paths) -> None:
+    catatonit = shutil.which("catatonit") or "/usr/libexec/podman/catatonit"
+    _tiny(podman, paths, PAUSE_IMAGE, PAUSE_FILE, {"catatonit": Path(catatonit)})
+    _tiny(podman, paths, HELPER_IMAGE, BUSYBOX_FILE, {"busybox": Path("/bin/busybox")})
+
+
+def trainer(podman: Podman, paths: Paths) -> tuple[str, BuiltImage]:
+    """(the image reference pods pull, the local build): one tag per build of the checkout."""
+    built = trainer_image(podman)
+    remote = f"{TRAINER_REPOSITORY}:{built.version}-{built.ref.rsplit(':', 1)[1]}"
+    if not in_registry(paths, remote):
+        push(podman, paths, built.ref, remote)
+    return remote, built

@@ -1,0 +1,111 @@
+"""Where the test cluster's files, processes and addresses are (docs/cluster.md).
+
+One source for each fact: component versions are read from the go.mod files they are built
+from; every path and address the other modules use is defined here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+# The node's address: an interface of its own (a bridge with no ports), so the node, the
+# registry and the cluster DNS have one address that pods reach through the CNI bridge's
+# gateway and that never leaves this machine (the kubelet refuses a loopback node IP).
+NODE_INTERFACE = "ddp0"
+NODE_IP = "10.250.0.1"
+NODE_NAME = "ddp-node"
+POD_SUBNET = "10.244.0.0/24"
+SERVICE_RANGE = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+CLUSTER_DOMAIN = "cluster.local"
+BRIDGE = "ddpbr0"
+
+API_PORT = 6443
+ETCD_CLIENT = "http://127.0.0.1:2379"
+ETCD_PEER = "http://127.0.0.1:2380"
+REGISTRY = f"{NODE_IP}:5000"
+DNS_HEALTH = "127.0.0.1:8180"
+DNS_READY = "127.0.0.1:8181"
+
+
+def _require(gomod: Path, module: str) -> str:
+    found = re.search(rf"^\s*(?:require\s+)?{re.escape(module)} (v\S+)", gomod.read_text(), re.M)
+    if found is None:
+        raise RuntimeError(f"{gomod} does not require {module}")
+    return found.group(1)
+
+
+@dataclass(frozen=True)
+class Versions:
+    kubernetes: str
+    etcd: str
+    coredns: str
+    local_path: str
+
+    @classmethod
+    def read(cls) -> Versions:
+        return cls(kubernetes=_require(HERE / "go.mod", "k8s.io/kubernetes"),
+                   etcd=_require(HERE / "go.mod", "go.etcd.io/etcd/server/v3"),
+                   coredns=_require(HERE / "coredns" / "go.mod", "github.com/coredns/coredns"),
+                   local_path=_require(HERE / "localpath" / "go.mod",
+                                       "github.com/rancher/local-path-provisioner"))
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The cluster's state: config, keys and logs under the checkout's .cache/cluster, the
+    node's runtime state (containers, pod volumes) under /var/lib/ddp-trainer-cluster."""
+
+    state: Path
+    runtime: Path
+
+    @classmethod
+    def default(cls) -> Paths:
+        state = Path(os.environ.get("CLUSTER_STATE", str(REPO / ".cache" / "cluster")))
+        runtime = Path(os.environ.get("CLUSTER_RUNTIME", "/var/lib/ddp-trainer-cluster"))
+        return cls(state.resolve(), runtime)
+
+    @property
+    def pki(self) -> Path:
+        return self.state / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def pids(self) -> Path:
+        return self.state / "pids"
+
+    @property
+    def config(self) -> Path:
+        return self.state / "config"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    @property
+    def values_local(self) -> Path:
+        return self.state / "values-local.yaml"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.runtime / "run" / "containerd.sock"
+
+    @property
+    def storage(self) -> Path:
+        """Where local-path-provisioner makes the claims' directories (shared by all pods)."""
+        return self.runtime / "volumes"
+
+
+def binaries_cache() -> Path:
+    """Built binaries, per version set, outside the clone: only a machine's first build pays."""
+    base = Path(os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")))
+    return base / "ddp-trainer" / "cluster"
