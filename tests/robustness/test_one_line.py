@@ -4,11 +4,15 @@ line ``error: ... (fix: ...)`` with exit 2 (input), no traceback, and nothing to
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 from tests.robustness.harness import Case, assert_one_error_line, assert_unchanged, snapshot
 from trainer import checkpoint
@@ -129,13 +133,26 @@ def test_bad_input_is_one_line_and_touches_nothing(case: Case, tmp_path: Path) -
     assert_unchanged(before)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file of mode 000")
-def test_unreadable_config_file(tmp_path: Path) -> None:
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("train:\n  epochs: 1\n")
-    cfg.chmod(0)
-    proc = run_cli("train", "--config", str(cfg), "--metrics-port", "0")
-    assert_one_error_line(proc, 2, ("c.yaml",))
+def test_unreadable_config_file() -> None:
+    # Root reads a file of mode 000, so as root the CLI runs as `nobody` (setpriv, util-linux)
+    # from a world-readable folder: the permission check is the kernel's either way.
+    folder = Path(tempfile.mkdtemp(prefix="unreadable-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        cfg = folder / "c.yaml"
+        cfg.write_text("train:\n  epochs: 1\n")
+        cfg.chmod(0)
+        argv = [sys.executable, "-m", "trainer", "train", "--config", str(cfg),
+                "--metrics-port", "0", "--output-dir", str(folder / "out")]
+        if os.geteuid() == 0:
+            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+        proc = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=240,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(folder)},
+                              check=False)
+        assert_one_error_line(proc, 2, ("c.yaml",))
+        assert not (folder / "out").exists()
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_a_flag_and_set_disagreeing_is_one_warning_and_the_flag_wins(tmp_path: Path) -> None:
