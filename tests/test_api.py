@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 import trainer
 from trainer import checkpoint
-from trainer.build import TrainParts
+from trainer.build import TrainParts, build_trainer
 from trainer.config import JobConfig
 from trainer.data import IndexView, InMemoryDataset
 from trainer.distributed import DistContext
@@ -24,7 +24,6 @@ from trainer.errors import ConfigError
 from trainer.loaders import build_train_sampler, eval_loader, train_loader
 from trainer.metrics import NullSink
 from trainer.steps import ClassificationStep, StepOutput
-from trainer.trainer import Trainer
 
 
 def _blobs(n: int, seed: int) -> InMemoryDataset:
@@ -142,7 +141,7 @@ def test_trainer_runs_on_parts_built_by_hand(tmp_path: Path) -> None:
     ctx, parts = _ALONE, _hand_made_parts(5)
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 2, 16, str(tmp_path)
-    summary = trainer.trainer.Trainer(cfg, ctx, parts, NullSink()).train()
+    summary = build_trainer(cfg, ctx, parts, NullSink()).train()
     assert summary["steps"] == 2 * 16 and summary["val_total"] == 64
     assert summary["val_accuracy"] >= 0.95
 
@@ -156,7 +155,7 @@ def test_the_trainers_steps_match_a_hand_written_loop_bit_for_bit(tmp_path: Path
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 1, 16, str(tmp_path)
     cfg.train.log_every, cfg.train.log_seconds = 16, 0.0  # one interval: the whole epoch
     sink = _Recorder()
-    summary = Trainer(cfg, ctx, parts, sink).train()
+    summary = build_trainer(cfg, ctx, parts, sink).train()
     reference = _hand_made_parts(5)
     opt = torch.optim.SGD(reference.model.parameters(), lr=0.1, momentum=0.9)
     reference.sampler.set_epoch(0)
@@ -186,7 +185,7 @@ def test_an_optimizer_that_overrides_zero_grad_keeps_its_own(tmp_path: Path) -> 
     parts.optimizer = Counting(parts.model.parameters(), lr=0.1)
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 2, 16, str(tmp_path)
-    summary = Trainer(cfg, ctx, parts, NullSink()).train()
+    summary = build_trainer(cfg, ctx, parts, NullSink()).train()
     assert calls == [True] * summary["steps"] == [True] * 32
 
 
@@ -195,7 +194,7 @@ def test_a_trainer_used_alone_creates_its_checkpoint_dir_and_saves_there(tmp_pat
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 2, 16, str(tmp_path)
     cfg.checkpoint.dir = str(tmp_path / "not" / "yet" / "there")
-    summary = trainer.trainer.Trainer(cfg, ctx, parts, NullSink()).train()
+    summary = build_trainer(cfg, ctx, parts, NullSink()).train()
     saved = checkpoint.list_checkpoints(Path(cfg.checkpoint.dir))
     assert [p.name for p in saved] == ["ckpt-000000032.pt", "ckpt-000000016.pt"]
     assert checkpoint.read(saved[0])["step"] == summary["steps"] == 32
@@ -210,7 +209,7 @@ def test_a_trainer_with_an_unwritable_checkpoint_dir_fails_before_training(
     cfg = JobConfig()
     cfg.output.dir, cfg.checkpoint.dir = str(tmp_path), str(blocker / "ckpt")
     with pytest.raises(CheckpointError, match="not writable"):
-        trainer.trainer.Trainer(cfg, _ALONE, _hand_made_parts(5), NullSink())
+        build_trainer(cfg, _ALONE, _hand_made_parts(5), NullSink())
 
 
 class _WorkerLoader:
@@ -252,7 +251,7 @@ def test_loaders_with_workers_start_only_when_no_checkpoint_write_runs(
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 3, 16, str(tmp_path)
     cfg.checkpoint.dir = str(tmp_path / "c")  # checkpoint.every 0: a save every epoch end
-    t = Trainer(cfg, ctx, parts, NullSink())
+    t = build_trainer(cfg, ctx, parts, NullSink())
     seen: list[bool | str] = []
     train_loader = parts.train_loader
     parts.train_loader = lambda micro: _WorkerLoader(train_loader(micro), t.saver.writer, seen)
@@ -287,7 +286,7 @@ def test_a_log_interval_spanning_epochs_keeps_each_epochs_loss_and_step_epochs(
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 4, 16, str(tmp_path)
     cfg.train.log_every = 1000  # fast steps: one interval, reported at the last step only
     metrics = _Recorder()
-    summary = trainer.trainer.Trainer(cfg, ctx, parts, metrics).train()
+    summary = build_trainer(cfg, ctx, parts, metrics).train()
     rows = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 65))
     assert [r["epoch"] for r in rows] == [(s - 1) // 16 for s in range(1, 65)]

@@ -55,3 +55,27 @@ def test_only_rank_0_builds_and_writes_the_state(tmp_path: Path) -> None:
     assert checkpoint.read(saved[0])["w"].tolist() == [3.0, 3.0]
     main.close()
     other.close()
+
+
+def test_the_policy_says_what_follows_each_step_and_what_final_means(tmp_path: Path) -> None:
+    saver = Saver(CheckpointConfig(dir=str(tmp_path / "c"), every=50), is_main=True,
+                  epochs=2, max_steps=0)
+    inside = saver.after_step(50, epoch=0, ends_epoch=False)
+    assert (inside.save_now, inside.saved, inside.final, inside.awaited) == (True, True, False,
+                                                                             True)
+    # an epoch end is saved after its validation, never as a step checkpoint
+    first_end = saver.after_step(64, epoch=0, ends_epoch=True)
+    assert (first_end.save_now, first_end.saved, first_end.final) == (False, False, False)
+    last_end = saver.after_step(128, epoch=1, ends_epoch=True)
+    assert (last_end.save_now, last_end.saved, last_end.final) == (False, True, True)
+    assert not saver.epoch_end_saved(64, epoch=0) and saver.epoch_end_saved(128, epoch=1)
+    assert not saver.after_step(7, epoch=0, ends_epoch=False).awaited
+    saver.close()
+
+
+def test_max_steps_ends_training_inside_an_epoch_even_without_checkpoints() -> None:
+    saver = Saver(CheckpointConfig(dir="", every=0), is_main=True, epochs=5, max_steps=30)
+    assert not saver.done(29) and saver.done(30)
+    stop = saver.after_step(30, epoch=0, ends_epoch=False)
+    assert stop.final and stop.awaited and not stop.saved and not stop.save_now
+    saver.close()

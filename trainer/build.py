@@ -6,7 +6,9 @@ Two phases, because a rank should fail on bad input before it joins the process 
    CPU, seeded) and the step — built-ins or the user's import paths, or objects handed to
    :func:`trainer.fit` — then :func:`preflight` runs the step on one batch of each split.
 2. :func:`build_parts` (after): device placement, the DDP wrapper, the optimizer, the
-   sampler and the loaders, handed to :class:`trainer.trainer.Trainer`, which builds nothing.
+   sampler and the loaders; then :func:`build_trainer` adds what the loop talks to (the
+   reporter, the agreement, the saver, the batch plan) and hands it all to
+   :class:`trainer.trainer.Trainer`, which builds nothing.
 
 ``ddp-trainer evaluate`` builds its model through :func:`build_workload` too, so a checkpoint
 is always scored by the same code that trained it.
@@ -14,10 +16,12 @@ is always scored by the same code that trained it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,10 +30,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from trainer import data, models, plugins, steps
+from trainer.agreement import Agreement, Collective
+from trainer.batching import BatchPlan
 from trainer.config import JobConfig
 from trainer.data import DataSplits, IndexView
 from trainer.distributed import DistContext, is_distributed
 from trainer.errors import ConfigError
+from trainer.interval import Interval
 from trainer.loaders import (
     TrainSampler,
     build_train_sampler,
@@ -38,8 +45,14 @@ from trainer.loaders import (
     worker_options,
 )
 from trainer.optim import Schedule, build_optimizer
+from trainer.policies import Policies
 from trainer.precision import Precision
+from trainer.reporting import MetricsLogger, Reporter
+from trainer.saving import Saver
+from trainer.state import Progress
 from trainer.steps import StepFn
+from trainer.stopping import StopFlag
+from trainer.trainer import Trainer
 from trainer.tree import to_device
 
 log = logging.getLogger(__name__)
@@ -185,3 +198,83 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
         num_classes=splits.num_classes,
         class_names=splits.class_names,
     )
+
+
+@dataclass
+class LoopParts:
+    """What the Trainer's loop talks to besides the model and the data; built by
+    :func:`build_loop`."""
+
+    plan: BatchPlan
+    """Per-rank micro-batch and accumulation as configured (a resume may replan them)."""
+    precision: Precision
+    progress: Progress
+    """The run's counters (restored on a resume), shared with `policies`."""
+    saver: Saver
+    """When progress is saved, when training ends, and the writes."""
+    agreement: Agreement
+    """Decides with the other ranks when to stop (SIGTERM, a diverged loss)."""
+    reporter: Reporter
+    policies: Policies
+    """Applied after every optimizer step (log, agree, save)."""
+    zero_grad: Callable[[], None]
+    ddp: DistributedDataParallel | None
+    """The DDP module inside the wrapped model, or None: micro-batches before the last of
+    an accumulation run under its no_sync()."""
+    grad_comm: contextlib.AbstractContextManager[None]
+    """Entered around each gradient all-reduce: a DDP backward talks to every rank, so its
+    failure is a lost rank."""
+
+
+def build_loop(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: MetricsLogger,
+               stop: StopFlag) -> LoopParts:
+    t = cfg.train
+    saver = Saver(cfg.checkpoint, ctx.is_main, epochs=t.epochs, max_steps=t.max_steps)
+    agreement = Agreement(ctx, stop, t.log_every, t.stop_check_seconds,
+                          cfg.dist.timeout_seconds, min_seconds=t.log_seconds)
+    reporter = Reporter(metrics, ctx.device, ctx.is_main,
+                        Path(cfg.output.dir) / "steps.jsonl" if cfg.output.step_log else None,
+                        cfg.optim.grad_clip)
+    progress = Progress()
+    return LoopParts(
+        plan=BatchPlan(t.batch_size, t.grad_accum_steps, ctx.world_size),
+        precision=parts.precision or Precision("fp32", ctx.device),
+        progress=progress, saver=saver, agreement=agreement, reporter=reporter,
+        policies=Policies(progress, saver, agreement, reporter, Interval(ctx.device),
+                          parts.optimizer, ctx.rank),
+        zero_grad=grad_zeroing(parts.optimizer),
+        ddp=ddp_inside(parts.wrapped),
+        grad_comm=(Collective("the gradient all-reduce", cfg.dist.timeout_seconds)
+                   if ctx.initialized else contextlib.nullcontext()),
+    )
+
+
+def build_trainer(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: MetricsLogger,
+                  stop: StopFlag | None = None, objects: Mapping[str, str] | None = None
+                  ) -> Trainer:
+    """A Trainer over `parts` (`objects`: the parts given to fit() as objects, which its
+    checkpoints record)."""
+    loop = build_loop(cfg, ctx, parts, metrics, stop or StopFlag())
+    return Trainer(cfg, ctx, parts, loop, dict(objects or {}))
+
+
+def ddp_inside(wrapped: nn.Module) -> DistributedDataParallel | None:
+    """The DistributedDataParallel module training calls, seen through torch.compile's
+    OptimizedModule (its `_orig_mod`), or None when gradients are not all-reduced by DDP."""
+    inner = getattr(wrapped, "_orig_mod", wrapped)
+    return inner if isinstance(inner, DistributedDataParallel) else None
+
+
+def grad_zeroing(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+    """``optimizer.zero_grad(set_to_none=True)``. For torch's own optimizers that is a loop
+    setting each parameter's ``.grad`` to None inside a profiler range and a dynamo guard,
+    which cost about 100 us of a 2.9 ms step on 2 CPU ranks here against 0.4 us for the loop
+    alone (measured 2026-12-02); an optimizer that overrides zero_grad keeps its own."""
+    if type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad:
+        return lambda: optimizer.zero_grad(set_to_none=True)
+
+    def zero() -> None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+    return zero

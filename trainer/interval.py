@@ -37,6 +37,10 @@ class Interval:
         self.skipped = 0
         """fp16 steps the GradScaler skipped (inf/NaN gradients)."""
 
+    def next(self) -> Interval:
+        """The interval that follows this one (on the same device)."""
+        return Interval(self.device)
+
     def mean_step(self) -> float:
         return sum(self.step_times) / len(self.step_times) if self.step_times else 0.0
 

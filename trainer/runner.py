@@ -17,7 +17,14 @@ from torch import nn
 
 from trainer import __version__, checkpoint
 from trainer.agreement import agree_resume, collective
-from trainer.build import Workload, build_parts, build_workload, check_strategy, preflight
+from trainer.build import (
+    Workload,
+    build_parts,
+    build_trainer,
+    build_workload,
+    check_strategy,
+    preflight,
+)
 from trainer.compiling import check_available
 from trainer.config import JobConfig, merge, validate
 from trainer.distributed import DistContext, join, plan_context, teardown
@@ -37,7 +44,6 @@ from trainer.precision import Precision
 from trainer.resume_check import training_state
 from trainer.steps import StepFn
 from trainer.stopping import StopFlag, linger
-from trainer.trainer import Trainer
 from trainer.usercode import user_frame
 
 log = logging.getLogger(__name__)
@@ -94,8 +100,8 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         metrics.log({"run/restarts": float(restart_count(starts))}, 0)
         with collective("joining the process group", cfg.dist.timeout_seconds):
             ctx = join(ctx, cfg.dist)
-        trainer = Trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
-                          workload.objects)
+        trainer = build_trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
+                                workload.objects)
         resumed = agree_resume(directory, ctx, cfg.dist.timeout_seconds)
         if resumed is not None:
             trainer.resume(resumed)
