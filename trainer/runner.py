@@ -7,7 +7,6 @@ once with one line instead of leaving the others waiting in the rendezvous.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -17,34 +16,20 @@ from torch import nn
 
 from trainer import __version__, checkpoint
 from trainer.agreement import agree_resume, collective
-from trainer.build import (
-    Workload,
-    build_parts,
-    build_trainer,
-    build_workload,
-    check_strategy,
-    preflight,
-)
+from trainer.build import Workload, build_parts, build_trainer, check_strategy
 from trainer.compiling import check_available
 from trainer.config import JobConfig, merge, validate
-from trainer.distributed import DistContext, join, plan_context, teardown
-from trainer.errors import (
-    AgreedStop,
-    CheckpointError,
-    ConfigError,
-    DataError,
-    RankLost,
-    TrainerError,
-)
+from trainer.distributed import DistContext
+from trainer.errors import CheckpointError, ConfigError, DataError
 from trainer.evaluation import evaluate
+from trainer.lifecycle import rank_life
 from trainer.loaders import eval_loader, worker_options
-from trainer.metrics import MetricsSink, RunInfo, build_metrics
-from trainer.outputs import check_output_dir, write_json
+from trainer.metrics import RunInfo, build_metrics
+from trainer.outputs import write_json
 from trainer.precision import Precision
 from trainer.resume_check import training_state
 from trainer.steps import StepFn
 from trainer.stopping import StopFlag, linger
-from trainer.usercode import user_frame
 
 log = logging.getLogger(__name__)
 
@@ -79,38 +64,32 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
     After a completed (or agreed-stopped) run the process group is left initialized (see
     :func:`trainer.distributed.teardown`); the CLI exits the process right after.
     """
-    ctx = plan_context(cfg.dist, cfg.train.device)
-    _check_alone(cfg, ctx)
-    workload = build_workload(cfg, model=model, dataset=dataset, step=step)
-    preflight(workload, ctx.device, cfg.train.batch_size)
-    check_output_dir(cfg.output.dir, create=ctx.rank == 0)
-    starts = None
-    directory = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
-    if directory is not None:
-        checkpoint.check_writable(directory)
-        starts = checkpoint.count_start(directory, ctx.rank)
-    stop = StopFlag()
-    stop.install()  # before joining, so an early SIGTERM is not lost
-    metrics: MetricsSink | None = None
-    trainer = None
-    group_broken = False
-    completed = False
-    try:
-        metrics = build_metrics(cfg.metrics, run_info(cfg, ctx, workload))  # binds the port
+    with rank_life(cfg) as rank:
+        _check_alone(cfg, rank.ctx)
+        workload = rank.prepare(model=model, dataset=dataset, step=step)
+        rank.check_output_dir(cfg.output.dir)
+        starts = None
+        directory = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+        if directory is not None:
+            checkpoint.check_writable(directory)
+            starts = checkpoint.count_start(directory, rank.ctx.rank)
+        stop = StopFlag()
+        stop.install()  # before joining, so an early SIGTERM is not lost
+        rank.close_at_exit(stop.uninstall)
+        metrics = build_metrics(cfg.metrics, run_info(cfg, rank.ctx, workload))  # binds the port
+        rank.close_at_exit(metrics.close)
+        # when this process serves, after the last values and before the endpoint closes
+        rank.close_at_exit(lambda: linger(cfg.metrics.linger_seconds, metrics.port))
         metrics.log({"run/restarts": float(restart_count(starts))}, 0)
-        with collective("joining the process group", cfg.dist.timeout_seconds):
-            ctx = join(ctx, cfg.dist)
+        ctx = rank.join()
         trainer = build_trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
                                 workload.objects)
+        rank.close_at_exit(trainer.saver.close)
         resumed = agree_resume(directory, ctx, cfg.dist.timeout_seconds)
         if resumed is not None:
             trainer.resume(resumed)
-        try:
-            summary = trainer.train()
-        except AgreedStop:
-            completed = True  # every rank stopped at the same agreed step, the group is intact
-            raise
-        completed = True
+        summary = trainer.train()
+        rank.completed = True
         if ctx.is_main:
             path = write_json(cfg.output.dir, "summary.json", summary)
             log.info("done: %d steps, %.0f samples/s, train loss %.4f, val accuracy %.4f "
@@ -121,23 +100,6 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
                      summary["val_correct"], summary["val_total"], path)
         metrics.log({"run/completed": 1.0}, summary["steps"])
         return summary
-    except RankLost:
-        group_broken = True
-        raise
-    except Exception as err:
-        # The user's code raised: the group is left to the process's exit, so that the peers
-        # see this rank vanish only after it has reported the cause (see trainer.usercode).
-        group_broken = not isinstance(err, TrainerError) and user_frame(err) is not None
-        raise
-    finally:
-        stop.uninstall()
-        if trainer is not None:
-            trainer.saver.close()
-        if metrics is not None:
-            linger(cfg.metrics.linger_seconds, metrics.port)  # when this process serves
-            metrics.close()
-        if not group_broken:  # tearing down a broken group can hang or abort the process
-            teardown(ctx, completed)
 
 
 def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
@@ -171,28 +133,22 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
                               "as an object, so the config cannot rebuild it",
                               f"call trainer.evaluate({path!r}, {part}=...) with the same "
                               f"{part}, or train with an import path in the config")
-    ctx = plan_context(cfg.dist, cfg.train.device)
-    check_output_dir(output_dir, create=ctx.rank == 0)
-    workload = build_workload(cfg, model=model, dataset=None if dataset_spec else dataset,
-                              step=step)
-    preflight(workload, ctx.device, cfg.train.batch_size)
-    try:
-        workload.model.load_state_dict(state["model"])
-    except RuntimeError:
-        raise DataError(f"dataset {cfg.data.dataset} does not fit the checkpoint's model "
-                        f"(sample shape {workload.splits.sample_shape}, "
-                        f"{workload.splits.num_classes} classes)",
-                        "evaluate on data shaped like the training data") from None
-    completed = False
-    group_broken = False
-    try:
-        with collective("joining the process group", cfg.dist.timeout_seconds):
-            ctx = join(ctx, cfg.dist)
+    with rank_life(cfg) as rank:
+        rank.check_output_dir(output_dir)
+        workload = rank.prepare(model=model, dataset=None if dataset_spec else dataset,
+                                step=step)
+        try:
+            workload.model.load_state_dict(state["model"])
+        except RuntimeError:
+            raise DataError(f"dataset {cfg.data.dataset} does not fit the checkpoint's model "
+                            f"(sample shape {workload.splits.sample_shape}, "
+                            f"{workload.splits.num_classes} classes)",
+                            "evaluate on data shaped like the training data") from None
+        ctx = rank.join()
         loader, num_valid = eval_loader(workload.splits.val, cfg.train.batch_size, ctx,
                                         worker_options(cfg))
-        # closed (its workers stopped) before the CLI's os._exit skips its finalizer
-        with collective("the evaluation reduction", cfg.dist.timeout_seconds), \
-                contextlib.closing(loader):
+        rank.close_at_exit(loader.close)  # its workers, before the CLI's os._exit
+        with collective("the evaluation reduction", cfg.dist.timeout_seconds):
             _, result = evaluate(workload.model.to(ctx.device), workload.step, loader,
                                  num_valid, ctx)
         report = {"accuracy": result.accuracy, "correct": result.correct, "total": result.total,
@@ -201,16 +157,5 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
         if ctx.is_main:
             out = write_json(output_dir, "eval.json", report)
             print(f"accuracy {result.accuracy!r} ({result.correct}/{result.total}) -> {out}")
-        completed = True
+        rank.completed = True
         return report
-    except RankLost:
-        group_broken = True
-        raise
-    except Exception as err:
-        # The user's code raised: the group is left to the process's exit, so that the peers
-        # see this rank vanish only after it has reported the cause (see trainer.usercode).
-        group_broken = not isinstance(err, TrainerError) and user_frame(err) is not None
-        raise
-    finally:
-        if not group_broken:
-            teardown(ctx, completed)
