@@ -35,6 +35,24 @@ STRATEGIES = ("ddp", "dp")
 SAMPLERS = ("shuffle", "torch")
 BACKENDS = ("auto", "nccl", "gloo")
 DEVICES = ("auto", "cpu", "cuda")
+MAX_TIMEOUT_SECONDS = 365 * 24 * 3600.0
+"""Longest timeout accepted (a year); torch's stores and C++ timers overflow far above it."""
+INT_BITS = 64
+"""Config ints are 64-bit signed (torch seeds, counters, sizes)."""
+
+
+def one_of(names: tuple[str, ...]) -> dict[str, Any]:
+    """Field metadata: the value is one of `names`. :func:`validate` enforces it with a
+    message naming the fix; the chart's values schema (tools/chart_schema.py) lists them so
+    that ``helm install`` refuses a typo before any pod starts."""
+    return {"enum": names}
+
+
+def limits(**bounds: float) -> dict[str, Any]:
+    """Field metadata: JSON Schema bounds (`minimum`, `maximum`, `exclusiveMinimum`,
+    `exclusiveMaximum`) that :func:`validate` enforces too (tests/test_config_limits.py checks
+    that they agree)."""
+    return dict(bounds)
 
 
 @dataclass
@@ -45,13 +63,13 @@ class DataConfig:
     y.npy, image class folders, a `save_to_disk` directory, Parquet files, or `train/` +
     `val/` splits of one of these; see README 'Your data'), or an import path
     `package.module:callable` returning a map-style Dataset or a (train, val) pair of them."""
-    format: str = "auto"
+    format: str = field(default="auto", metadata=one_of(DATA_FORMATS))
     """What a `dataset` path holds: `auto` (detected from the files, and logged), `npy`,
     `images`, `arrow` (save_to_disk), `parquet`, `csv` or `npz`; only `auto` with a built-in
     or import-path dataset."""
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of an import-path dataset callable (free-form)."""
-    num_classes: int = 0
+    num_classes: int = field(default=0, metadata=limits(minimum=0))
     """Number of classes; 0 infers max(label) + 1 (image folders: the number of class
     folders; an import-path dataset: its `num_classes` or class names, else the labels it
     exposes as `targets` or `labels`, else a model callable taking `num_classes` stops
@@ -61,10 +79,10 @@ class DataConfig:
     feature_columns: list[str] = field(default_factory=list)
     """Feature columns of a table: numeric scalars, or one column of equal-length (nested)
     lists of numbers; empty: every column but the label column."""
-    val_fraction: float = 0.2
+    val_fraction: float = field(default=0.2, metadata=limits(minimum=0, exclusiveMaximum=1))
     """Fraction of the dataset held out for validation (0 <= f < 1), split deterministically
     from `train.seed`; unused when the data has its own `train/` and `val/` splits."""
-    image_size: int = 224
+    image_size: int = field(default=224, metadata=limits(minimum=8))
     """Side of the square images fed to the model: random resized crop for training,
     resize + center crop (of `image_size / 0.875`) for validation."""
     image_mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
@@ -75,22 +93,22 @@ class DataConfig:
     """Where Parquet files are converted once into a memory-mapped Arrow file (empty: the
     Hugging Face datasets cache, `$HF_DATASETS_CACHE` or ~/.cache/huggingface/datasets); it
     needs room for the selected columns."""
-    synthetic_samples: int = 1200
+    synthetic_samples: int = field(default=1200, metadata=limits(minimum=1))
     """Number of samples of the `synthetic` dataset."""
-    synthetic_features: int = 10
+    synthetic_features: int = field(default=10, metadata=limits(minimum=1))
     """Features per sample of the `synthetic` dataset (the seed uses 10)."""
-    synthetic_classes: int = 10
+    synthetic_classes: int = field(default=10, metadata=limits(minimum=2))
     """Classes of the `synthetic` dataset (the seed uses 10)."""
-    num_workers: int = 0
+    num_workers: int = field(default=0, metadata=limits(minimum=0))
     """DataLoader worker processes per rank; 0 loads in the training process, which is
     fastest for in-memory tensors; images need workers (about one per core a rank can
     spare)."""
-    prefetch_factor: int = 2
+    prefetch_factor: int = field(default=2, metadata=limits(minimum=1))
     """Batches each worker prepares ahead (with `num_workers` > 0)."""
     persistent_workers: bool = True
     """Keep the workers between epochs (with `num_workers` > 0) instead of restarting them
     and re-opening the data every epoch."""
-    worker_start: str = "forkserver"
+    worker_start: str = field(default="forkserver", metadata=one_of(WORKER_STARTS))
     """How worker processes start (with `num_workers` > 0): `forkserver` forks them from a
     clean single-threaded server, so no lock held by a training thread can hang them; `spawn`
     starts fresh interpreters (slower); `fork` copies the training process (the dataset need
@@ -117,59 +135,59 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"
+    name: str = field(default="sgd", metadata=one_of(OPTIMIZERS))
     """Optimizer: `sgd`, `adamw` or `adam` (torch.optim; its fused kernels when every trainable
     parameter is floating point on one CPU or CUDA device)."""
-    lr: float = 0.05
+    lr: float = field(default=0.05, metadata=limits(exclusiveMinimum=0))
     """Peak learning rate (set it for the optimizer: e.g. 1e-3 for adamw)."""
-    momentum: float = 0.9
+    momentum: float = field(default=0.9, metadata=limits(minimum=0, exclusiveMaximum=1))
     """SGD momentum."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """Adam/AdamW coefficients of the running averages of the gradient and its square."""
-    eps: float = 1e-8
+    eps: float = field(default=1e-8, metadata=limits(exclusiveMinimum=0))
     """Adam/AdamW term added to the denominator for numerical stability."""
-    weight_decay: float = 0.0
+    weight_decay: float = field(default=0.0, metadata=limits(minimum=0))
     """Weight decay: L2 for sgd and adam (all parameters); decoupled for adamw, and there
     not applied to parameters with fewer than 2 dimensions (biases, norm weights)."""
-    schedule: str = "constant"
+    schedule: str = field(default="constant", metadata=one_of(SCHEDULES))
     """Learning-rate schedule after the warm-up, per optimizer step: `constant`, `cosine`
     (to `min_lr` at the last planned step), `linear` (likewise) or `step` (x `gamma` every
     `step_size` steps)."""
-    warmup_steps: int = 0
+    warmup_steps: int = field(default=0, metadata=limits(minimum=0))
     """Optimizer steps of linear warm-up from lr/warmup_steps to lr (0: none)."""
-    min_lr: float = 0.0
+    min_lr: float = field(default=0.0, metadata=limits(minimum=0))
     """Learning rate that `cosine` and `linear` reach at the last planned step."""
-    step_size: int = 1000
+    step_size: int = field(default=1000, metadata=limits(minimum=1))
     """Optimizer steps between decays of the `step` schedule."""
-    gamma: float = 0.1
+    gamma: float = field(default=0.1, metadata=limits(exclusiveMinimum=0, maximum=1))
     """Decay factor of the `step` schedule."""
-    grad_clip: float = 0.0
+    grad_clip: float = field(default=0.0, metadata=limits(minimum=0))
     """Clip the global L2 norm of the gradients to this (0: off); the norm before clipping is
     exported as trainer_grad_norm."""
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
+    epochs: int = field(default=10, metadata=limits(minimum=1))
     """Number of passes over the training split."""
-    max_steps: int = 0
+    max_steps: int = field(default=0, metadata=limits(minimum=0))
     """Stop after this many optimizer steps in total (0: no limit)."""
-    batch_size: int = 32
+    batch_size: int = field(default=32, metadata=limits(minimum=1))
     """Samples per rank per forward/backward pass (micro-batch); the global batch is
     batch_size x world size x grad_accum_steps."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=limits(minimum=0, exclusiveMaximum=2 ** (INT_BITS - 1)))
     """Seed of the data split, the shuffling and the model initialisation."""
-    strategy: str = "ddp"
+    strategy: str = field(default="ddp", metadata=one_of(STRATEGIES))
     """`ddp` (DistributedDataParallel, recommended) or `dp` (single-node DataParallel, the
     seed's way)."""
-    sampler: str = "shuffle"
+    sampler: str = field(default="shuffle", metadata=one_of(SAMPLERS))
     """Training sampler: `shuffle` (ddp-trainer's memory-free, resumable sampler) or
     `torch` (torch.utils.data.distributed.DistributedSampler)."""
-    precision: str = "fp32"
+    precision: str = field(default="fp32", metadata=one_of(PRECISIONS))
     """`fp32`, `bf16` (autocast, on CPU and CUDA) or `fp16` (CUDA only: autocast and a
     GradScaler; steps skipped for inf gradients are counted and do not advance the
     schedule)."""
-    grad_accum_steps: int = 1
+    grad_accum_steps: int = field(default=1, metadata=limits(minimum=1))
     """Micro-batches per optimizer step (DDP syncs gradients on the last one only); the
     global batch is batch_size x world size x grad_accum_steps."""
     compile: bool = False
@@ -179,19 +197,19 @@ class TrainConfig:
     """The training and evaluation step: `classification` (cross-entropy on `(inputs,
     labels)` batches, or the model's own loss on mapping batches with a `labels` key), or an
     import path to a callable `(model, batch) -> (loss, correct, count)`."""
-    log_every: int = 10
+    log_every: int = field(default=10, metadata=limits(minimum=1))
     """Steps between progress lines, metric updates and the ranks' stop/divergence check (one
     device sync each); with steps faster than `log_seconds` / `log_every`, more steps."""
-    log_seconds: float = 1.0
+    log_seconds: float = field(default=1.0, metadata=limits(minimum=0))
     """Least time between those reports: an interval spans at least `log_every` steps and, by
     the ranks' agreed step time, about this long (0: exactly `log_every` steps), across epoch
     ends if epochs are shorter. Each report costs ~1 ms on a CPU rank, 3 % of a 3 ms step's
     interval of 10 steps."""
-    stop_check_seconds: float = 15.0
+    stop_check_seconds: float = field(default=15.0, metadata=limits(exclusiveMinimum=0))
     """Bound on how long a SIGTERM or a diverged loss waits to be acted on when steps are slow:
     checks then come every few steps instead of every `log_every`. Keep it well under the
     pod's termination grace period (the chart sets it from that)."""
-    device: str = "auto"
+    device: str = field(default="auto", metadata=one_of(DEVICES))
     """`auto` (CUDA when available), `cpu` or `cuda`."""
 
 
@@ -200,10 +218,10 @@ class CheckpointConfig:
     dir: str = ""
     """Directory for checkpoints; empty disables checkpointing. A run that finds a valid
     checkpoint here resumes from it."""
-    every: int = 0
+    every: int = field(default=0, metadata=limits(minimum=0))
     """Checkpoint every N optimizer steps instead of at every epoch end (0: at every epoch
     end). The end of training is always checkpointed."""
-    keep: int = 3
+    keep: int = field(default=3, metadata=limits(minimum=1))
     """How many of the newest valid checkpoints (by step) to keep; an invalid one (torn,
     corrupt, not a checkpoint) is moved aside into `corrupt/` in this directory, never counted
     or deleted."""
@@ -211,20 +229,21 @@ class CheckpointConfig:
 
 @dataclass
 class DistConfig:
-    backend: str = "auto"
+    backend: str = field(default="auto", metadata=one_of(BACKENDS))
     """`auto` (NCCL on CUDA, gloo on CPU), `nccl` or `gloo`."""
-    timeout_seconds: float = 600.0
+    timeout_seconds: float = field(
+        default=600.0, metadata=limits(exclusiveMinimum=0, maximum=MAX_TIMEOUT_SECONDS))
     """Timeout of rendezvous and of every collective; a stuck rank fails the job after it."""
 
 
 @dataclass
 class MetricsConfig:
-    port: int = 9310
+    port: int = field(default=9310, metadata=limits(minimum=0, maximum=65535))
     """Port of the Prometheus endpoint serving every local rank (0 disables it). 9310 clashes
     with neither Prometheus (9090) nor the DCGM exporter (9400)."""
     bind_address: str = "0.0.0.0"
     """Address the metrics endpoint binds to."""
-    linger_seconds: float = 60.0
+    linger_seconds: float = field(default=60.0, metadata=limits(minimum=0))
     """Keep serving the final values this long after the run ends or fails, so that a scrape
     sees them (a couple of scrape intervals; SIGTERM ends the wait; 0 for local runs)."""
 
@@ -261,12 +280,6 @@ class JobConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-MAX_TIMEOUT_SECONDS = 365 * 24 * 3600.0
-"""Longest timeout accepted (a year); torch's stores and C++ timers overflow far above it."""
-INT_BITS = 64
-"""Config ints are 64-bit signed (torch seeds, counters, sizes)."""
 
 
 def _short(value: Any, limit: int = 40) -> str:

@@ -175,13 +175,13 @@ def test_config_file_is_mounted_where_the_command_reads_it(helm4: str) -> None:
 
 
 def test_trainer_config_schema_lists_exactly_the_trainer_config_fields() -> None:
-    from .update_trainer_config_schema import trainer_config_sections
+    sys.path.insert(0, str(REPO / "tools"))
+    from chart_schema import trainer_config_sections
 
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["trainerConfig"]
     assert schema["additionalProperties"] is False
     assert schema["properties"] == trainer_config_sections(), (
-        "trainer/config.py changed: run "
-        ".venv/bin/python tests/chart/update_trainer_config_schema.py"
+        "trainer/config.py changed: run .venv/bin/python tools/chart_schema.py"
     )
 
 

@@ -17,6 +17,11 @@ BAD_VALUES = {
     "bad-restart-policy": (["--set", "restartPolicy=Always"], "restartPolicy"),
     "unknown-trainer-config-key": (["--set", "trainerConfig.train.epoch=3"], "epoch"),
     "trainer-config-wrong-type": (["--set-string", "trainerConfig.train.epochs=3"], "epochs"),
+    # names and limits from trainer/config.py's field metadata (tools/chart_schema.py)
+    "trainer-config-unknown-optimizer": (["--set", "trainerConfig.optim.name=adamx"], "name"),
+    "trainer-config-zero-epochs": (["--set", "trainerConfig.train.epochs=0"], "epochs"),
+    "trainer-config-unknown-precision": (["--set", "trainerConfig.train.precision=fp8"],
+                                         "precision"),
     "bad-pull-policy": (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
     "port-out-of-range": (["--set", "metrics.port=70000"], "port"),
     "bad-quantity": (["--set", "shm.sizeLimit=lots"], "sizeLimit"),
