@@ -1,4 +1,4 @@
-"""When progress is saved, and where: the checkpoint policy of the loop.
+"""When progress is saved, and where, and when training ends: the save policy of the loop.
 
 Every rank evaluates the same policy at the same steps (it depends only on the step count and
 the config), so the ranks agree on where to save without talking; the save itself is
