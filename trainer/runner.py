@@ -112,27 +112,9 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
     were passed to fit() as objects must be passed here again (`model`, `dataset`, `step`).
     """
     path = str(checkpoint.resolve(Path(path)))
-    try:
-        state = training_state(checkpoint.read(Path(path)), path, ("config", "model"))
-    except CheckpointError:
-        if not Path(path).exists():
-            raise CheckpointError(f"checkpoint {path} does not exist",
-                                  "pass a ckpt-*.pt file or a --checkpoint-dir") from None
-        raise
-    cfg = merge(JobConfig(), state["config"], f"checkpoint {path}")
-    if dataset_spec:
-        cfg.data.dataset = dataset_spec
-    if timeout_seconds is not None:
-        cfg.dist.timeout_seconds = timeout_seconds
-    validate(cfg)
-    given = {"model": model, "dataset": dataset, "step": step}
-    for part, described in dict(state.get("objects") or {}).items():
-        replaced = part == "dataset" and dataset_spec
-        if given.get(part) is None and not replaced:
-            raise ConfigError(f"checkpoint {path}: its {part} ({described}) was passed to fit() "
-                              "as an object, so the config cannot rebuild it",
-                              f"call trainer.evaluate({path!r}, {part}=...) with the same "
-                              f"{part}, or train with an import path in the config")
+    state = _scored_checkpoint(path)
+    cfg = _scoring_config(state, path, dataset_spec, timeout_seconds,
+                          {"model": model, "dataset": dataset, "step": step})
     with rank_life(cfg) as rank:
         rank.check_output_dir(output_dir)
         workload = rank.prepare(model=model, dataset=None if dataset_spec else dataset,
@@ -159,3 +141,34 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
             print(f"accuracy {result.accuracy!r} ({result.correct}/{result.total}) -> {out}")
         rank.completed = True
         return report
+
+
+def _scored_checkpoint(path: str) -> dict[str, Any]:
+    """The training checkpoint at `path` (its config and model at least), or one line."""
+    try:
+        return training_state(checkpoint.read(Path(path)), path, ("config", "model"))
+    except CheckpointError:
+        if not Path(path).exists():
+            raise CheckpointError(f"checkpoint {path} does not exist",
+                                  "pass a ckpt-*.pt file or a --checkpoint-dir") from None
+        raise
+
+
+def _scoring_config(state: dict[str, Any], path: str, dataset_spec: str | None,
+                    timeout_seconds: float | None, given: dict[str, Any]) -> JobConfig:
+    """The checkpoint's config with `dataset_spec` and the timeout put in, validated; a part
+    that fit() was given as an object must be `given` again: the config cannot rebuild it."""
+    cfg = merge(JobConfig(), state["config"], f"checkpoint {path}")
+    if dataset_spec:
+        cfg.data.dataset = dataset_spec
+    if timeout_seconds is not None:
+        cfg.dist.timeout_seconds = timeout_seconds
+    validate(cfg)
+    for part, described in dict(state.get("objects") or {}).items():
+        replaced = part == "dataset" and dataset_spec
+        if given.get(part) is None and not replaced:
+            raise ConfigError(f"checkpoint {path}: its {part} ({described}) was passed to fit() "
+                              "as an object, so the config cannot rebuild it",
+                              f"call trainer.evaluate({path!r}, {part}=...) with the same "
+                              f"{part}, or train with an import path in the config")
+    return cfg
