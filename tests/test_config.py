@@ -27,6 +27,16 @@ def test_cli_overrides_file_which_overrides_defaults(tmp_path: Path) -> None:
     assert cfg.train.seed == 0  # default
 
 
+def test_floats_written_with_an_exponent_and_no_dot_are_floats(tmp_path: Path) -> None:
+    # Helm's toYaml writes `lr: 0.00001` from a chart's values as `lr: 1e-05`, which YAML 1.1
+    # (PyYAML) reads as a string: every chart job with a small learning rate stopped at exit 2.
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  lr: 1e-05\n  weight_decay: 5E-4\n")
+    cfg = build_config(str(f), {})
+    assert (cfg.optim.lr, cfg.optim.weight_decay) == (1e-05, 5e-4)
+    assert parse_set(["optim.lr=3e-4"]) == {"optim": {"lr": 3e-4}}
+
+
 def test_unknown_key_names_the_key_and_lists_valid_ones(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("train:\n  epoch: 7\n")

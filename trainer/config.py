@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -385,6 +386,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.2's floats, which PyYAML (YAML 1.1) reads as strings when they have an exponent and no
+# dot: `1e-05` is how Helm's toYaml writes `lr: 0.00001` from a chart's values, and how Python
+# and JSON print small numbers.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

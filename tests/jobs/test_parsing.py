@@ -67,3 +67,11 @@ def test_prometheus_selectors_keep_the_two_kinds_apart() -> None:
     assert selector("a", "ns") == 'pytorchjob="a",namespace="ns",job_kind=~"PyTorchJob|"'
     assert selector("a", "ns", "TrainJob") == 'pytorchjob="a",namespace="ns",job_kind="TrainJob"'
     assert selector('x"y', "ns") .startswith('pytorchjob="x\\"y"')
+
+
+def test_a_log_line_that_already_names_its_rank_is_prefixed_once() -> None:
+    from trainer.jobs.logs import Line
+
+    assert Line("[rank 1] ", "[rank 1] INFO epoch 0").shown() == "[rank 1] INFO epoch 0"
+    assert Line("[rank 1] ", "INFO epoch 0").shown() == "[rank 1] INFO epoch 0"
+    assert Line("[ranks 2-3] ", "[rank 3] INFO x").shown() == "[ranks 2-3] [rank 3] INFO x"

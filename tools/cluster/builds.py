@@ -43,11 +43,13 @@ GROUPS = (
     Group(HERE, (("kube-apiserver", K8S + "kube-apiserver"),
                  ("kube-controller-manager", K8S + "kube-controller-manager"),
                  ("kube-scheduler", K8S + "kube-scheduler"), ("kubelet", K8S + "kubelet"),
-                 ("kube-proxy", K8S + "kube-proxy"), ("kubectl", K8S + "kubectl"),
+                 ("kubectl", K8S + "kubectl"),
                  ("etcd", "./cmd/etcd"))),
     Group(HERE / "coredns", (("coredns", "."),)),
     Group(HERE / "localpath", (("local-path-provisioner",
                                 "github.com/rancher/local-path-provisioner"),)),
+    Group(HERE / "training", (("training-operator",
+                               "github.com/kubeflow/training-operator/cmd/training-operator.v1"),)),
 )
 
 
@@ -98,7 +100,7 @@ def build(group: Group, versions: Versions) -> Path:
     if proc.returncode != 0:
         raise BuildError(f"{' '.join(command)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
     for name, pkg in group.packages:  # go build -o DIR names a binary after its package
-        built = tmp / Path(pkg).name if pkg != "." else tmp / group.module.name
+        built = tmp / (Path(pkg).name if pkg != "." else group.module.name)
         if not (tmp / name).exists() and built.exists():
             built.rename(tmp / name)
     shutil.rmtree(out, ignore_errors=True)

@@ -3,6 +3,7 @@
     python3 tools/cluster/cluster.py up      # build (once per version), start, wait, write files
     python3 tools/cluster/cluster.py down    # stop everything it started, remove the state
     python3 tools/cluster/cluster.py build   # only the Go builds
+    python3 tools/cluster/cluster.py restart kube-apiserver   # SIGKILL one process, start it again
 
 Every component is the real one, built from its Go module (go.mod files beside this file) or
 taken from Debian (containerd, runc, CNI plugins, the registry); docs/cluster.md lists them,
@@ -16,6 +17,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +28,7 @@ import builds
 import components
 import configs
 import images
+import operators
 import pki
 import procs
 from dns import query_a
@@ -105,6 +108,45 @@ def write_configs(paths: Paths) -> None:
     paths.storage.mkdir(parents=True, exist_ok=True)
 
 
+def start_operator(paths: Paths, bins: dict[str, Path]) -> None:
+    """The training operator, once its rotator's certificate is where its webhook server reads
+    it (the kubelet's part in-cluster) and its CA is in the webhook configuration."""
+    operator = components.training_operator(paths, bins, operators.arguments(paths))
+    began = time.monotonic()
+    pid, fresh = procs.start(paths, operator.name, operator.argv, operator.env)
+    procs.wait_for(lambda: operators.mount_webhook_secret(paths), 60,
+                   "the training operator's webhook Secret", paths.logs / "training-operator.log",
+                   alive=procs.alive(paths, operator.name))
+    procs.wait_for(lambda: components.ready(paths, operator), operator.timeout,
+                   f"training-operator (pid {pid}) ready", paths.logs / "training-operator.log",
+                   alive=procs.alive(paths, operator.name))
+    procs.wait_for(lambda: operators.webhook_ready(paths), 60,
+                   "the training operator's webhook CA in its configuration",
+                   paths.logs / "training-operator.log")
+    log(f"training-operator {'started' if fresh else 'already running'} "
+        f"({time.monotonic() - began:.1f} s)")
+
+
+def restart(paths: Paths, name: str) -> None:
+    """A crash and a restart of one of the cluster's processes: SIGKILL, then the same command
+    again, waited for until ready (the tests' failure scenarios)."""
+    bins = builds.build_all(Versions.read())
+    wanted = {c.name: c for c in components.control_plane(paths, bins)
+              + components.node(paths, bins)}
+    if name not in wanted and name != "training-operator":
+        raise ClusterError(f"no process {name} in the cluster (fix: one of "
+                           f"{', '.join([*wanted, 'training-operator'])})")
+    pid = procs.pid_of(paths, name)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+        procs.wait_for(lambda: procs.pid_of(paths, name) is None, 10, f"{name} (pid {pid}) gone")
+    log(f"{name}: pid {pid} killed with SIGKILL")
+    if name == "training-operator":
+        start_operator(paths, bins)
+    else:
+        start_all(paths, [wanted[name]])
+
+
 def values_local(paths: Paths, image: str) -> None:
     repository, tag = image.rsplit(":", 1)
     values = {
@@ -137,7 +179,8 @@ def up(paths: Paths) -> None:
     preflight()
     versions = Versions.read()
     log(f"Kubernetes {versions.kubernetes}, etcd {versions.etcd}, CoreDNS {versions.coredns}, "
-        f"local-path-provisioner {versions.local_path}")
+        f"local-path-provisioner {versions.local_path}, training operator "
+        f"{versions.training_operator}")
     t = time.monotonic()
     bins = builds.build_all(versions)
     log(f"binaries ready ({time.monotonic() - t:.0f} s)")
@@ -161,6 +204,8 @@ def up(paths: Paths) -> None:
                    paths.logs / "kubelet.log")
     procs.wait_for(dns_answers, 60, "CoreDNS answering kubernetes.default",
                    paths.logs / "coredns.log")
+    operators.install(paths, bins["kubectl"])
+    start_operator(paths, bins)
     values_local(paths, image)
     log(f"up in {time.monotonic() - began:.0f} s: KUBECONFIG={paths.kubeconfig}, "
         f"values {paths.values_local}, kubectl {link}")
@@ -168,7 +213,7 @@ def up(paths: Paths) -> None:
 
 def down(paths: Paths) -> None:
     """Stops every process `up` started (pods' containers included) and removes the state."""
-    for name in ("local-path-provisioner", "coredns", "kubelet"):
+    for name in ("training-operator", "local-path-provisioner", "coredns", "kubelet"):
         procs.stop(paths, name)
     _kill_containers()
     for pid in procs.pids_matching(f"-address {paths.containerd_socket}"):
@@ -184,6 +229,8 @@ def down(paths: Paths) -> None:
     for link in (BRIDGE, NODE_INTERFACE):
         subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
     shutil.rmtree(paths.runtime, ignore_errors=True)
+    # The training operator's certificate rotator writes its serving certificate here.
+    shutil.rmtree("/tmp/k8s-webhook-server", ignore_errors=True)
     for name in ("pki", "config", "pids", "kubeconfig", "values-local.yaml"):
         target = paths.state / name
         if target.is_dir():
@@ -227,14 +274,19 @@ def _unmount_under(root: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("up", "down", "build"))
+    parser.add_argument("action", choices=("up", "down", "build", "restart"))
+    parser.add_argument("name", nargs="?", help="restart: the process, e.g. kube-apiserver")
     args = parser.parse_args(argv)
+    if (args.action == "restart") != (args.name is not None):
+        parser.error("a process name goes with restart, and only with it")
     paths = Paths.default()
     try:
         if args.action == "up":
             up(paths)
         elif args.action == "down":
             down(paths)
+        elif args.action == "restart":
+            restart(paths, args.name)
         else:
             builds.build_all(Versions.read())
     except (ClusterError, builds.BuildError, RuntimeError,

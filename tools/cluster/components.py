@@ -67,6 +67,9 @@ def control_plane(paths: Paths, bins: dict[str, Path]) -> list[Component]:
             # is visibly part of this cluster.
             "--enable-admission-plugins", "NodeRestriction,PodSecurity",
             "--allow-privileged=true",
+            # Webhook calls go to a Service's endpoints, not its ClusterIP: the operators run
+            # on the host and no kube-proxy routes ClusterIPs here (docs/cluster.md).
+            "--enable-aggregator-routing=true",
             "--profiling=false",
         ], f"https://{NODE_IP}:{API_PORT}/readyz", user="admin", timeout=180),
         Component("kube-controller-manager", [
@@ -125,3 +128,9 @@ def ready(paths: Paths, component: Component) -> bool:
     if component.ready_url.startswith("https"):
         ctx = api.context(paths, component.user, component.verify)
     return api.ok(component.ready_url, ctx)
+
+
+def training_operator(paths: Paths, bins: dict[str, Path], args: list[str]) -> Component:
+    return Component("training-operator", [str(bins["training-operator"]), *args],
+                     "http://127.0.0.1:8091/readyz", user=None,
+                     env={"MY_POD_NAMESPACE": "kubeflow"})

@@ -47,6 +47,7 @@ class Versions:
     etcd: str
     coredns: str
     local_path: str
+    training_operator: str
 
     @classmethod
     def read(cls) -> Versions:
@@ -54,7 +55,9 @@ class Versions:
                    etcd=_require(HERE / "go.mod", "go.etcd.io/etcd/server/v3"),
                    coredns=_require(HERE / "coredns" / "go.mod", "github.com/coredns/coredns"),
                    local_path=_require(HERE / "localpath" / "go.mod",
-                                       "github.com/rancher/local-path-provisioner"))
+                                       "github.com/rancher/local-path-provisioner"),
+                   training_operator=_require(HERE / "training" / "go.mod",
+                                              "github.com/kubeflow/training-operator"))
 
 
 @dataclass(frozen=True)

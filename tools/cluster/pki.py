@@ -115,3 +115,20 @@ def kubeconfig(pki: Path, user: str, path: Path, server: str | None = None) -> P
     path.write_text(json.dumps(config, indent=1) + "\n")
     path.chmod(0o600)
     return path
+
+
+def kubeconfig_token(pki: Path, token: str, path: Path) -> Path:
+    """A kubeconfig for a ServiceAccount's bearer token (TokenRequest API)."""
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "ddp-trainer",
+        "clusters": [{"name": "ddp-trainer", "cluster": {
+            "server": f"https://{NODE_IP}:{API_PORT}",
+            "certificate-authority-data": base64.b64encode((pki / "ca.crt").read_bytes())
+            .decode()}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "ddp-trainer", "context": {"cluster": "ddp-trainer",
+                                                         "user": "sa"}}],
+    }
+    path.write_text(json.dumps(config, indent=1) + "\n")
+    path.chmod(0o600)
+    return path

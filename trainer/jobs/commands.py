@@ -132,7 +132,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         logs.follow(cluster, pods, args.tail, sys.stdout, sys.stderr)
     else:
         for line in logs.read_merged(cluster, pods, args.tail, sys.stderr):
-            sys.stdout.write(line.prefix + line.text + "\n")
+            sys.stdout.write(line.shown() + "\n")
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 INSTALL_OPERATOR = (
     'install the Kubeflow training operator v1.9: kubectl apply --server-side -k '
-    '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.3"'
+    '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.4"'
 )
 INSTALL_TRAINER = (
     'install Kubeflow Trainer v2: kubectl apply --server-side -k '

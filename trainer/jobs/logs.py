@@ -25,6 +25,11 @@ class Line:
     prefix: str
     text: str
 
+    def shown(self) -> str:
+        # The trainer's own lines already start with "[rank r] " (seen on a real cluster): say
+        # it once.
+        return self.text if self.text.startswith(self.prefix) else self.prefix + self.text
+
 
 def prefix(pod: PodView) -> str:
     # With several ranks per pod the trainer's own lines also carry "[rank r]" (non-zero r).
@@ -68,7 +73,7 @@ def follow(cluster: Cluster, pods: list[PodView], tail: int | None, out: TextIO,
             if line is None:
                 running -= 1
                 continue
-            out.write(line.prefix + line.text + "\n")
+            out.write(line.shown() + "\n")
             out.flush()
     finally:
         for body in responses:
