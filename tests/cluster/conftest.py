@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.cluster.helm import push_chart
 from tests.cluster.kube import Cluster, bring_up
 
 
@@ -18,3 +19,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
     return bring_up()
+
+
+@pytest.fixture(scope="session")
+def chart_ref(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The chart packaged and pushed to the cluster's registry: its oci:// reference."""
+    return push_chart(cluster, tmp_path_factory.mktemp("chart"))

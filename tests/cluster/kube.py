@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.e2e.harness.chart import merge_values
+
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "tools" / "cluster"
 STATE = REPO / ".cache" / "cluster"
@@ -37,6 +39,11 @@ class KubectlError(RuntimeError):
 class Cluster:
     kubeconfig: Path
     image: str
+
+    @property
+    def node(self) -> str:
+        name: str = _layout().NODE_NAME
+        return name
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
                 timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -78,6 +85,40 @@ class Cluster:
         self.apply({"apiVersion": "v1", "kind": "Namespace",
                     "metadata": {"name": name, "labels": labels}})
         return name
+
+
+def _layout() -> Any:
+    """tools/cluster/layout.py, where every path and name of the cluster is defined."""
+    if str(CLUSTER) not in sys.path:
+        sys.path.insert(0, str(CLUSTER))
+    import layout  # noqa: PLC0415 - tools/cluster is not a package
+
+    return layout
+
+
+def node_paths() -> Any:
+    """tools/cluster's Paths: where the node keeps pod volumes, its containerd socket."""
+    return _layout().Paths.default()
+
+
+def api_endpoint() -> str:
+    """host:port of the API server."""
+    layout = _layout()
+    return f"{layout.NODE_IP}:{layout.API_PORT}"
+
+
+def merged(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Chart values merged as Helm merges `-f` files: maps deeply, anything else replaced."""
+    return merge_values(*layers)
+
+
+def restart_process(name: str) -> None:
+    """`cluster.py restart NAME`: SIGKILL one of the cluster's processes, start it again."""
+    proc = subprocess.run([sys.executable, str(CLUSTER / "cluster.py"), "restart", name],
+                          text=True, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cluster.py restart {name} exited {proc.returncode}:\n"
+                           f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
 
 
 def bring_up() -> Cluster:

@@ -1,0 +1,88 @@
+"""The chart as users install it on the test cluster: packaged, pushed to the cluster's OCI
+registry and installed from there with Helm 4 (or from the folder with Helm 3), with
+`.cache/cluster/values-local.yaml` and otherwise the values a test names."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.kube import REPO, STATE, Cluster
+
+CHART = REPO / "charts" / "ddp-trainer"
+HELM4 = REPO / ".tools" / "bin" / "helm"
+HELM3 = REPO / ".tools" / "bin" / "helm3"
+REGISTRY_CHARTS = "oci://10.250.0.1:5000/charts"
+
+
+def chart_version() -> str:
+    found = re.search(r"^version:\s*(\S+)", (CHART / "Chart.yaml").read_text(), re.M)
+    assert found is not None
+    return found.group(1).strip("\"'")
+
+
+def helm(binary: Path, *args: str, cluster: Cluster, check: bool = True,
+         timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
+           "HELM_CACHE_HOME": str(STATE / "helm" / "cache"),
+           "HELM_CONFIG_HOME": str(STATE / "helm" / "config"),
+           "HELM_DATA_HOME": str(STATE / "helm" / "data")}
+    proc = subprocess.run([str(binary), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{binary.name} {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return proc
+
+
+def push_chart(cluster: Cluster, out: Path) -> str:
+    """`helm package` + `helm push` to the cluster's registry; the chart's oci:// reference."""
+    helm(HELM4, "package", str(CHART), "--destination", str(out), cluster=cluster)
+    (package,) = out.glob("ddp-trainer-*.tgz")
+    helm(HELM4, "push", str(package), REGISTRY_CHARTS, "--ca-file",
+         str(STATE / "pki" / "ca.crt"), cluster=cluster)
+    return f"{REGISTRY_CHARTS}/ddp-trainer"
+
+
+@dataclass
+class Release:
+    cluster: Cluster
+    name: str
+    namespace: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def job(self) -> str:
+        return self.name  # the chart's fullname is the release name when it contains "ddp-trainer"
+
+    def install(self, source: str, binary: Path = HELM4, tmp: Path | None = None) -> None:
+        values = (tmp or Path("/tmp")) / f"values-{uuid.uuid4().hex[:6]}.json"
+        values.write_text(json.dumps(self.values))
+        args = ["install", self.name, source, "-n", self.namespace,
+                "-f", str(STATE / "values-local.yaml"), "-f", str(values)]
+        if source.startswith("oci://"):
+            args += ["--version", chart_version(), "--ca-file", str(STATE / "pki" / "ca.crt")]
+        helm(binary, *args, cluster=self.cluster)
+
+    def wait_condition(self, condition: str, timeout: int = 600) -> None:
+        self.cluster.wait(f"pytorchjob/{self.job}", f"condition={condition}", self.namespace,
+                          timeout)
+
+    def claims(self) -> tuple[str, ...]:
+        """The persistence keys whose claims the chart creates with these values."""
+        persistence = self.values.get("persistence", {})
+        return tuple(key for key in ("checkpoints", "outputs")
+                     if persistence.get(key, {}).get("create", {}).get("enabled"))
+
+    def pod(self, replica: str, index: int = 0) -> str:
+        return f"{self.job}-{replica}-{index}"
+
+
+def release_name() -> str:
+    return f"ddp-trainer-{uuid.uuid4().hex[:5]}"

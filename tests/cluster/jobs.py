@@ -1,0 +1,182 @@
+"""A chart-made PyTorchJob on the test cluster as the tests watch and disturb it: its Master's
+checkpoints read from the node's disk (where the kubelet or local-path-provisioner keeps the
+volume), its results read back through a pod of our image, and its containers killed the way
+the kernel kills them (containerd's `ctr task kill`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.helm import Release
+from tests.cluster.kube import RESTRICTED_CONTAINER, RESTRICTED_POD, KubectlError, node_paths
+
+DONE = re.compile(r"done: (\d+) steps, .* val accuracy (\d\.\d{4}) \((\d+)/(\d+)\)")
+# Chart-created ReadWriteMany claims for checkpoints and outputs, so that the test reads
+# summary.json and evaluates the final checkpoint after the pods are gone.
+KEEP_RESULTS: dict[str, Any] = {"persistence": {
+    "checkpoints": {"create": {"enabled": True, "keep": False}},
+    "outputs": {"create": {"enabled": True, "keep": False}}}}
+KEEP_OUTPUTS: dict[str, Any] = {"persistence": {
+    "outputs": {"create": {"enabled": True, "keep": False}}}}
+
+EVALUATE = """
+import json, subprocess, sys
+summary = json.load(open('/outputs/summary.json'))
+proc = subprocess.run(['ddp-trainer', 'evaluate', '--checkpoint', CHECKPOINTS,
+                       '--output-dir', '/tmp/eval'], capture_output=True, text=True)
+assert proc.returncode == 0, proc.stderr
+print(json.dumps({'summary': summary, 'eval': json.load(open('/tmp/eval/eval.json'))}))
+"""
+
+
+@dataclass
+class Finished:
+    summary: dict[str, Any]
+    scored: dict[str, Any] | None  # `ddp-trainer evaluate` of the final checkpoint
+    done: re.Match[str]
+
+    def assert_agrees(self) -> None:
+        """The Master's log line, summary.json and `evaluate` say the same, exactly."""
+        summary, done = self.summary, self.done
+        if self.scored is not None:
+            assert (self.scored["correct"], self.scored["total"]) == (summary["val_correct"],
+                                                                      summary["val_total"])
+            assert self.scored["accuracy"] == summary["val_accuracy"]
+        assert done.group(2) == f"{summary['val_accuracy']:.4f}"
+        assert (int(done.group(3)), int(done.group(4))) == (summary["val_correct"],
+                                                            summary["val_total"])
+        assert summary["steps"] == int(done.group(1))
+
+
+def inspect(release: Release, script: str, claims: tuple[str, ...]) -> str:
+    """Runs `script` (Python) in a pod of our image with the release's `claims` mounted at
+    /checkpoints and /outputs, in its namespace; returns what it printed."""
+    name = f"inspect-{release.name[-5:]}"
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}] + [
+        {"name": key, "mountPath": f"/{key}"} for key in claims]
+    volumes = [{"name": "tmp", "emptyDir": {}}] + [
+        {"name": key, "persistentVolumeClaim": {"claimName": f"{release.job}-{key}"}}
+        for key in claims]
+    cluster = release.cluster
+    cluster.apply({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": release.namespace},
+        "spec": {"restartPolicy": "Never", "securityContext": RESTRICTED_POD,
+                 "volumes": volumes,
+                 "containers": [{"name": "inspect", "image": cluster.image,
+                                 "command": ["python", "-c", script],
+                                 "securityContext": RESTRICTED_CONTAINER,
+                                 "volumeMounts": mounts}]}})
+    cluster.wait(f"pod/{name}", "jsonpath={.status.phase}=Succeeded", release.namespace)
+    out = cluster.logs(name, release.namespace)
+    cluster.kubectl("delete", "pod", name, "-n", release.namespace, "--wait=false")
+    return out
+
+
+def finished(release: Release, condition: str = "Succeeded") -> Finished:
+    """The job reached `condition`; what the Master logged, wrote to its outputs claim and,
+    where its checkpoints are on a claim too, what `evaluate` scores of the newest one."""
+    release.wait_condition(condition)
+    log = release.cluster.logs(release.pod("master"), release.namespace)
+    done = DONE.search(log)
+    assert done is not None, log[-3000:]
+    on_claim = release.claims()
+    checkpoints = "'/checkpoints'" if "checkpoints" in on_claim else "None"
+    script = EVALUATE.replace("CHECKPOINTS", checkpoints)
+    if checkpoints == "None":  # emptyDir checkpoints are gone with the pods
+        script = ("import json; print(json.dumps({'summary': json.load("
+                  "open('/outputs/summary.json')), 'eval': None}))")
+    found = json.loads(inspect(release, script, on_claim).strip().splitlines()[-1])
+    return Finished(found["summary"], found["eval"], done)
+
+
+def master_checkpoints(release: Release) -> list[Path]:
+    """The Master's checkpoint files, oldest first, read where the node keeps them."""
+    cluster, ns = release.cluster, release.namespace
+    if "checkpoints" in release.claims():
+        claim = cluster.get("pvc", f"{release.job}-checkpoints", ns)
+        volume = claim["spec"].get("volumeName")
+        if not volume:
+            return []
+        pv = cluster.get("pv", volume, "")
+        folder = Path((pv["spec"].get("hostPath") or pv["spec"]["local"])["path"])
+    else:
+        try:
+            uid = cluster.get("pod", release.pod("master"), ns)["metadata"]["uid"]
+        except KubectlError:  # between a deletion and the operator's new pod
+            return []
+        folder = (node_paths().runtime / "kubelet" / "pods" / uid / "volumes"
+                  / "kubernetes.io~empty-dir" / "checkpoints")
+    return sorted(folder.glob("ckpt-*.pt"))
+
+
+def wait_for_checkpoints(release: Release, count: int, after: int = -1,
+                         timeout: float = 300) -> int:
+    """Polls the node's disk (every 50 ms: an epoch here takes about half a second) until the
+    Master has written `count` checkpoints of steps past `after`; the newest one's step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = [int(f.stem.split("-")[1]) for f in master_checkpoints(release)]
+        if len([s for s in steps if s > after]) >= count:
+            return steps[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"{release.job}: fewer than {count} checkpoints after {timeout} s:\n"
+                         + release.cluster.kubectl("describe", "pytorchjob", release.job, "-n",
+                                                   release.namespace, check=False).stdout)
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 300) -> None:
+    """Polls `check` (an API read or the node's disk) until true."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened in {timeout} s: {what}")
+        time.sleep(0.2)
+
+
+def uid(release: Release, replica: str) -> str | None:
+    try:
+        pod = release.cluster.get("pod", release.pod(replica), release.namespace)
+    except KubectlError:
+        return None
+    found: str = pod["metadata"]["uid"]
+    return found
+
+
+def container_id(release: Release, pod: str) -> str:
+    """The id of the pod's trainer container, once it runs (not while the init container
+    does)."""
+    found: list[str] = []
+
+    def running() -> bool:
+        status = release.cluster.get("pod", pod, release.namespace)["status"]
+        (container,) = status.get("containerStatuses") or [{}]
+        if "running" in container.get("state", {}):
+            found.append(container["containerID"].removeprefix("containerd://"))
+        return bool(found)
+
+    wait_until(running, f"{pod}'s trainer container running")
+    return found[0]
+
+
+def kill_container(release: Release, pod: str, signal: str = "SIGKILL") -> None:
+    """`signal` to the container's process (the trainer is PID 1 of its container), from the
+    runtime as the kernel's OOM killer or a crash would end it."""
+    subprocess.run(["ctr", "--address", str(node_paths().containerd_socket), "-n", "k8s.io",
+                    "task", "kill", "-s", signal, container_id(release, pod)],
+                   check=True, capture_output=True, text=True)
+
+
+def restarts(release: Release, pod: str) -> tuple[int, int | None]:
+    """(restart count, the last terminated exit code) of the pod's trainer container."""
+    status = release.cluster.get("pod", pod, release.namespace)["status"]
+    (container,) = status["containerStatuses"]
+    last = container.get("lastState", {}).get("terminated")
+    return container["restartCount"], (last or {}).get("exitCode")

@@ -1,0 +1,201 @@
+"""`ddp-trainer jobs`, `kubectl ddp` and the kubeflow-training SDK against the real API server
+and operator: on the chart's running, suspended and finished PyTorchJobs, and every error the
+API server answers is one line with the documented exit code (docs/jobs.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import sdk
+from tests.cluster.helm import Release, release_name
+from tests.cluster.jobs import uid, wait_until
+from tests.cluster.kube import (
+    KUBECTL,
+    STATE,
+    Cluster,
+    api_endpoint,
+    merged,
+    node_paths,
+    restart_process,
+)
+
+SHORT = {"trainerConfig": {"train": {"epochs": 4}, "metrics": {"linger_seconds": 0}}}
+BIN = Path(sys.executable).parent
+EXIT_ERROR = 2  # every error of `jobs` (docs/jobs.md)
+
+
+def jobs(*args: str, kubeconfig: Path = STATE / "kubeconfig",
+         timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig),
+           "PATH": f"{BIN}:{KUBECTL.parent}:{os.environ['PATH']}"}
+    return subprocess.run([str(BIN / "ddp-trainer"), "jobs", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, check=False)
+
+
+def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == code and len(lines) == 1, (proc.returncode, proc.stderr)
+    assert lines[0].startswith("error: ") and "(fix: " in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def done(cluster: Cluster, chart_ref: str, tmp_path_factory: pytest.TempPathFactory) -> Release:
+    """A chart job run to the end, found and waited for by `jobs wait`."""
+    release = Release(cluster, release_name(), cluster.namespace("jobscli"), SHORT)
+    release.install(chart_ref, tmp=tmp_path_factory.mktemp("done"))
+    proc = jobs("wait", release.job, "-n", release.namespace, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Succeeded" in proc.stdout
+    return release
+
+
+def test_list_status_and_logs_show_the_finished_job(done: Release) -> None:
+    ns = done.namespace
+    listed = jobs("list", "-n", ns)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if done.job in line]
+    assert "Succeeded" in row.split()
+    status = jobs("status", done.job, "-n", ns)
+    assert status.returncode == 0, status.stderr
+    # The Master's pod (a Worker still running when the Master completed is deleted by the
+    # chart's cleanPodPolicy: Running, so it may be gone).
+    assert f"{done.job}-master-0" in status.stdout and "State:       Succeeded" in status.stdout
+    logs = jobs("logs", done.job, "-n", ns)
+    assert logs.returncode == 0, logs.stderr
+    ranks = {line.split("]")[0] for line in logs.stdout.splitlines() if line.startswith("[rank")}
+    # Every line names its rank; rank 0 logs the progress (the others log warnings only).
+    assert "[rank 0" in ranks and ranks <= {"[rank 0", "[rank 1"}, logs.stdout[-2000:]
+    assert "done:" in logs.stdout
+    assert "[rank 0] [rank 0]" not in logs.stdout  # the trainer's own prefix is kept, once
+    # kubectl sees the same job, and the plugin is the same command.
+    got = done.cluster.kubectl("get", "pytorchjobs", "-n", ns, "-o", "name").stdout
+    assert f"pytorchjob.kubeflow.org/{done.job}" in got.split()
+    env = {**os.environ, "KUBECONFIG": str(STATE / "kubeconfig"), "PATH":
+           f"{BIN}:{KUBECTL.parent}:{os.environ['PATH']}"}
+    plugin = subprocess.run([str(KUBECTL), "ddp", "list", "-n", ns], capture_output=True,
+                            text=True, env=env, check=False)
+    assert plugin.returncode == 0 and done.job in plugin.stdout, plugin.stderr
+
+
+SDK_SCRIPT = """
+from kubeflow.training import TrainingClient
+client = TrainingClient(config_file=config, namespace=namespace)
+listed = [job.metadata.name for job in client.list_jobs(job_kind="PyTorchJob")]
+job = client.get_job(name, job_kind="PyTorchJob")
+waited = client.wait_for_job_conditions(name, job_kind="PyTorchJob",
+                                        expected_conditions={"Succeeded"},
+                                        polling_interval=1, wait_timeout=60)
+logs, _ = client.get_job_logs(name, job_kind="PyTorchJob", is_master=True)
+print(json.dumps({"listed": listed,
+                  "workers": job.spec.pytorch_replica_specs["Worker"].replicas,
+                  "waited": [c.type for c in waited.status.conditions if c.status == "True"],
+                  "logs": logs}))
+"""
+
+
+def test_the_kubeflow_training_sdk_reads_and_waits_on_the_charts_job(done: Release) -> None:
+    got = sdk.run(SDK_SCRIPT, config=str(STATE / "kubeconfig"), namespace=done.namespace,
+                  name=done.job)
+    assert done.job in got["listed"]
+    assert got["workers"] == 1
+    assert "Succeeded" in got["waited"]
+    (master_log,) = got["logs"].values()
+    assert "done:" in master_log
+
+
+def test_suspend_deletes_the_pods_and_resume_runs_the_job_to_the_end(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    release = Release(cluster, release_name(), cluster.namespace("suspend"),
+                      merged(SHORT, {"runPolicy": {"suspend": True}}))
+    release.install(chart_ref, tmp=tmp_path)
+    ns = release.namespace
+    cluster.wait(f"pytorchjob/{release.job}", "condition=Suspended", ns)
+    assert uid(release, "master") is None  # suspended from the start: no pods
+    resumed = jobs("resume", release.job, "-n", ns)
+    assert resumed.returncode == 0, resumed.stderr
+    wait_until(lambda: uid(release, "master") is not None, "the Master pod after resume")
+    suspended = jobs("suspend", release.job, "-n", ns)
+    assert suspended.returncode == 0, suspended.stderr
+    cluster.wait(f"pytorchjob/{release.job}", "condition=Suspended", ns)
+    wait_until(lambda: uid(release, "master") is None, "the pods deleted by the suspension")
+    assert jobs("resume", release.job, "-n", ns).returncode == 0
+    waited = jobs("wait", release.job, "-n", ns, timeout=600)
+    assert waited.returncode == 0, waited.stderr
+    deleted = jobs("delete", release.job, "-n", ns)
+    assert deleted.returncode == 0, deleted.stderr
+    gone = cluster.kubectl("get", "pytorchjob", release.job, "-n", ns, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+def test_a_missing_job_is_one_line_exit_2(done: Release) -> None:
+    proc = jobs("status", "nosuch", "-n", done.namespace)
+    assert_one_line(proc, EXIT_ERROR, "nosuch", "not found")
+
+
+@pytest.fixture
+def unprivileged(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
+    """A kubeconfig of a ServiceAccount with no RBAC binding at all (its token from the
+    TokenRequest API): every read of a job is refused with 403."""
+    ns = cluster.namespace("rbac")
+    cluster.kubectl("create", "serviceaccount", "nobody", "-n", ns)
+    token = cluster.kubectl("create", "token", "nobody", "-n", ns).stdout.strip()
+    config = tmp_path / "nobody.kubeconfig"
+    base = cluster.kubectl("config", "view", "--raw", "--minify", "-o",
+                           "jsonpath={.clusters[0].cluster.server}").stdout
+    ca = STATE / "pki" / "ca.crt"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: nobody\n"
+        f"clusters: [{{name: c, cluster: {{server: '{base}', certificate-authority: '{ca}'}}}}]\n"
+        "users: [{name: nobody, user: {token: '" + token + "'}}]\n"
+        f"contexts: [{{name: nobody, context: {{cluster: c, user: nobody, namespace: {ns}}}}}]\n")
+    yield config
+
+
+def test_a_forbidden_user_is_one_line_exit_2(done: Release, unprivileged: Path) -> None:
+    for args in (("list", "-n", done.namespace), ("status", done.job, "-n", done.namespace),
+                 ("delete", done.job, "-n", done.namespace)):
+        proc = jobs(*args, kubeconfig=unprivileged)
+        assert_one_line(proc, EXIT_ERROR, "forbidden")
+    done.cluster.get("pytorchjob", done.job, done.namespace)  # the refused delete left it
+
+
+def test_the_api_server_going_away_mid_wait_is_one_line_exit_2(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    release = Release(cluster, release_name(), cluster.namespace("apigone"),
+                      merged(SHORT, {"runPolicy": {"suspend": True}}))
+    release.install(chart_ref, tmp=tmp_path)
+    cluster.wait(f"pytorchjob/{release.job}", "condition=Suspended", release.namespace)
+    env = {**os.environ, "KUBECONFIG": str(STATE / "kubeconfig")}
+    waiting = subprocess.Popen([str(BIN / "ddp-trainer"), "jobs", "wait", release.job, "-n",
+                                release.namespace, "--poll-interval", "0.5"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env)
+    try:
+        # Mid-wait: the command holds a connection to the API server (a suspended job never
+        # ends, so it keeps polling); then the API server dies and stays down until it gave up.
+        wait_until(lambda: _connected(waiting.pid), "jobs wait connected to the API server",
+                   timeout=60)
+        pid = int((node_paths().pids / "kube-apiserver.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        out, err = waiting.communicate(timeout=180)
+    finally:
+        waiting.kill()
+        restart_process("kube-apiserver")  # the pid is gone: this starts it again
+    assert_one_line(subprocess.CompletedProcess(waiting.args, waiting.returncode, out, err),
+                    EXIT_ERROR)
+
+
+def _connected(pid: int) -> bool:
+    listed = subprocess.run(["ss", "-tnpH", "state", "established", "dst", api_endpoint()],
+                            capture_output=True, text=True, check=False).stdout
+    return f"pid={pid}," in listed

@@ -1,0 +1,82 @@
+"""The chart on the real cluster with the real training operator v1.9.4: installed from the
+cluster's OCI registry with Helm 4 (and from the folder with Helm 3) into a namespace that
+enforces `restricted`, its PyTorchJob runs to Succeeded, and the numbers agree exactly with
+`ddp-trainer evaluate` of the final checkpoint; one or two ranks per pod, and elastic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.helm import CHART, HELM3, Release, release_name
+from tests.cluster.jobs import KEEP_RESULTS, finished
+from tests.cluster.kube import Cluster, merged
+
+# A test-sized run for the variants (the default test keeps every default): 4 epochs, the
+# final metrics not served on after the end.
+SHORT = {"trainerConfig": {"train": {"epochs": 4}, "metrics": {"linger_seconds": 0}}}
+
+
+def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    ns = cluster.namespace("pytorchjob")
+    release = Release(cluster, release_name(), ns, KEEP_RESULTS)
+    release.install(chart_ref, tmp=tmp_path)
+    found = finished(release)
+    assert found.summary["world_size"] == 2
+    found.assert_agrees()
+    # The operator's Worker init container ran, admitted under `restricted`.
+    worker = cluster.get("pod", release.pod("worker"), ns)
+    (init,) = worker["spec"]["initContainers"]
+    assert init["name"] == "init-pytorch"
+    assert init["securityContext"]["runAsNonRoot"] is True
+    assert worker["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
+def test_helm3_install_from_the_chart_folder_runs_to_succeeded(
+        cluster: Cluster, tmp_path: Path) -> None:
+    ns = cluster.namespace("helm3")
+    release = Release(cluster, release_name(), ns, merged(KEEP_RESULTS, SHORT))
+    release.install(str(CHART), binary=HELM3, tmp=tmp_path)
+    finished(release).assert_agrees()
+
+
+@pytest.fixture
+def advertised_gpus(cluster: Cluster) -> Iterator[None]:
+    """The node advertises 4 `nvidia.com/gpu` (an extended resource in its status, the way
+    Kubernetes documents advertising one by hand): the stand-in for a GPU node's device
+    plugin, so that a pod requesting 2 is scheduled. The ranks themselves run on the CPU."""
+    path = "/status/capacity/nvidia.com~1gpu"
+    cluster.kubectl("patch", "node", cluster.node, "--subresource=status", "--type=json",
+                    "-p", f'[{{"op": "add", "path": "{path}", "value": "4"}}]')
+    yield
+    cluster.kubectl("patch", "node", cluster.node, "--subresource=status", "--type=json",
+                    "-p", f'[{{"op": "remove", "path": "{path}"}}]', check=False)
+
+
+def test_two_ranks_per_pod_run_as_world_size_4(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, advertised_gpus: None) -> None:
+    ns = cluster.namespace("twoperpod")
+    release = Release(cluster, release_name(), ns,
+                      merged(KEEP_RESULTS, SHORT, {"gpusPerReplica": 2}))
+    release.install(chart_ref, tmp=tmp_path)
+    found = finished(release)
+    assert found.summary["world_size"] == 4
+    found.assert_agrees()
+    master = cluster.get("pod", release.pod("master"), ns)
+    assert master["spec"]["containers"][0]["args"][:3] == ["run", "--nproc-per-node", "2"]
+
+
+def test_elastic_with_one_worker_runs_to_succeeded(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    ns = cluster.namespace("elastic")
+    release = Release(cluster, release_name(), ns,
+                      merged(KEEP_RESULTS, SHORT, {"elastic": {"enabled": True}}))
+    release.install(chart_ref, tmp=tmp_path)
+    found = finished(release)
+    assert found.summary["world_size"] == 2
+    found.assert_agrees()
+    job = cluster.get("pytorchjob", release.job, ns)
+    assert job["spec"]["elasticPolicy"]["rdzvBackend"] == "c10d"

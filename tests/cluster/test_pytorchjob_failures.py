@@ -1,0 +1,200 @@
+"""Interruptions of the chart's job on the real cluster, recovered by the real operator and
+kubelet; each run must end with exactly the uninterrupted run's numbers (same values, same
+seed). And what the v1.9.4 operator really does under `restartPolicy: ExitCode`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.helm import Release, release_name
+from tests.cluster.jobs import (
+    KEEP_OUTPUTS,
+    KEEP_RESULTS,
+    Finished,
+    finished,
+    kill_container,
+    master_checkpoints,
+    restarts,
+    uid,
+    wait_for_checkpoints,
+    wait_until,
+)
+from tests.cluster.kube import Cluster, merged, restart_process
+
+# The chart's defaults (1 Master + 1 Worker, epoch-end checkpoints, `OnFailure`) sized for the
+# tests: 30 short epochs leave time to interrupt after the second checkpoint; a collective
+# stuck on a vanished peer fails after 60 s instead of 600 s; no metrics served on at the end.
+FAILOVER: dict[str, Any] = {"trainerConfig": {
+    "train": {"epochs": 30}, "dist": {"timeout_seconds": 60},
+    "metrics": {"linger_seconds": 0}}}
+MID_RUN = 2  # checkpoints written before the interruption
+
+
+def run(cluster: Cluster, chart_ref: str, tmp: Path, prefix: str,
+        *layers: dict[str, Any]) -> Release:
+    release = Release(cluster, release_name(), cluster.namespace(prefix),
+                      merged(FAILOVER, *layers))
+    release.install(chart_ref, tmp=tmp)
+    return release
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster: Cluster, chart_ref: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    release = run(cluster, chart_ref, tmp_path_factory.mktemp("base"), "base", KEEP_OUTPUTS)
+    found = finished(release)
+    found.assert_agrees()
+    assert not found.summary.get("resumed_from_step")
+    return found
+
+
+def assert_same_as(got: Finished, want: Finished, resumed: bool = True) -> None:
+    got.assert_agrees()
+    if resumed:
+        assert got.summary["resumed_from_step"], got.summary
+    else:
+        assert not got.summary.get("resumed_from_step"), got.summary
+    for key in ("steps", "train_loss", "val_accuracy", "val_correct", "val_total"):
+        assert got.summary[key] == want.summary[key], (key, got.summary, want.summary)
+
+
+def test_a_deleted_worker_pod_is_recreated_and_the_run_ends_as_uninterrupted(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
+    release = run(cluster, chart_ref, tmp_path, "delworker", KEEP_OUTPUTS)
+    step = wait_for_checkpoints(release, MID_RUN)
+    worker = uid(release, "worker")
+    cluster.kubectl("delete", "pod", release.pod("worker"), "-n", release.namespace,
+                    "--wait=false")
+    # A new Worker pod (the operator's), the Master restarted in place (its emptyDir kept).
+    wait_until(lambda: uid(release, "worker") not in (None, worker), "a new Worker pod")
+    got = finished(release)
+    assert_same_as(got, uninterrupted)
+    assert got.summary["resumed_from_step"] >= step
+    assert restarts(release, release.pod("master"))[0] >= 1
+
+
+def test_a_sigkilled_worker_restarts_in_place_and_the_run_ends_as_uninterrupted(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
+    release = run(cluster, chart_ref, tmp_path, "sigkill", KEEP_OUTPUTS)
+    step = wait_for_checkpoints(release, MID_RUN)
+    kill_container(release, release.pod("worker"))
+    # Restarted in place by the kubelet, the kill's status kept as its last state (read now:
+    # cleanPodPolicy Running deletes a Worker still running when the Master completes).
+    wait_until(lambda: restarts(release, release.pod("worker")) == (1, 137),
+               "the Worker restarted in place after exit 137")
+    got = finished(release)
+    assert_same_as(got, uninterrupted)
+    assert got.summary["resumed_from_step"] >= step
+
+
+def test_every_pod_deleted_resumes_from_the_checkpoint_claim_as_uninterrupted(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
+    release = run(cluster, chart_ref, tmp_path, "drain", KEEP_RESULTS)
+    step = wait_for_checkpoints(release, MID_RUN)
+    cluster.kubectl("delete", "pod", "-n", release.namespace, "-l",
+                    f"training.kubeflow.org/job-name={release.job}", "--wait=false")
+    got = finished(release)
+    assert_same_as(got, uninterrupted)
+    assert got.summary["resumed_from_step"] >= step
+
+
+def test_the_operator_and_the_api_server_restarted_mid_run_leave_training_untouched(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
+    release = run(cluster, chart_ref, tmp_path, "ctrlplane", KEEP_OUTPUTS)
+    wait_for_checkpoints(release, MID_RUN)
+    restart_process("training-operator")
+    restart_process("kube-apiserver")
+    newest = master_checkpoints(release)[-1]
+    assert int(newest.stem.split("-")[1]) < uninterrupted.summary["steps"], \
+        "the run ended before both restarts: nothing was proven"
+    got = finished(release)
+    # Not resumed: no rank restarted (a restart of any rank restarts all from a checkpoint).
+    assert_same_as(got, uninterrupted, resumed=False)
+    assert restarts(release, release.pod("master"))[0] == 0
+
+
+# `restartPolicy: ExitCode` as the v1.9.4 operator implements it (pkg/controller.v1/common/
+# pod.go ReconcilePods, common/job.go ReconcileJobs, pkg/core/job.go PastBackoffLimit): the
+# pods get `restartPolicy: Never`; a pod that failed with an exit code >= 128 is deleted and
+# made anew, one that failed with 1-127 fails the job at once. `backoffLimit` fails the job on
+# a new failed pod only when the job key's requeue count + 1 exceeds it: with 0, the first
+# failed pod ends the job; with 1 or more, recreations are not counted (the requeue count is
+# the reconcile loop's error retries, normally 0). The in-place restart counts it also sums
+# are always 0 under ExitCode.
+EXIT_CODE: dict[str, Any] = {"restartPolicy": "ExitCode"}
+
+
+def sigterm_every_pod(release: Release) -> dict[str, str | None]:
+    """SIGTERM to each trainer as the kubelet sends it on preemption: every rank stops at the
+    same step and exits 143. The pods' uids before."""
+    before = {replica: uid(release, replica) for replica in ("master", "worker")}
+    for replica in before:
+        kill_container(release, release.pod(replica), "SIGTERM")
+    return before
+
+
+def wait_for_new_pods(release: Release, before: dict[str, str | None]) -> None:
+    for replica, old in before.items():
+        wait_until(lambda r=replica, o=old: uid(release, r) not in (None, o),
+                   f"a new {replica} pod")
+
+
+def test_exit_code_policy_recreates_pods_that_exit_143_uncounted_by_backoff_limit_1(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
+    release = run(cluster, chart_ref, tmp_path, "exit143", KEEP_RESULTS, EXIT_CODE,
+                  {"runPolicy": {"backoffLimit": 1}})
+    wait_for_checkpoints(release, MID_RUN)
+    # Two preemptions of the whole job, each one recreating both pods: four failed pods.
+    wait_for_new_pods(release, sigterm_every_pod(release))
+    stopped = wait_for_checkpoints(release, 1)  # the newest: where SIGTERM stopped the ranks
+    wait_for_checkpoints(release, 1, after=stopped)  # the new pods train on
+    wait_for_new_pods(release, sigterm_every_pod(release))
+    got = finished(release)
+    assert_same_as(got, uninterrupted)
+    assert got.summary["resumed_from_step"] > stopped
+    assert restarts(release, release.pod("master"))[0] == 0  # made anew, never restarted
+
+
+def test_exit_code_policy_with_backoff_limit_0_fails_on_the_first_failed_pod(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    release = run(cluster, chart_ref, tmp_path, "backoff0", KEEP_OUTPUTS, EXIT_CODE,
+                  {"runPolicy": {"backoffLimit": 0}})
+    wait_for_checkpoints(release, MID_RUN)
+    sigterm_every_pod(release)
+    release.wait_condition("Failed")
+    job = cluster.get("pytorchjob", release.job, release.namespace)
+    (failed,) = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
+    assert "backoff limit" in failed["message"], failed
+
+
+def test_exit_code_policy_fails_the_job_at_once_on_exit_3(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    # A diverging learning rate: every rank exits 3, a permanent failure (1-127).
+    release = run(cluster, chart_ref, tmp_path, "exit3", KEEP_OUTPUTS, EXIT_CODE,
+                  {"trainerConfig": {"optim": {"lr": 1.0e30}},  # rendered `1e+30`
+                   "runPolicy": {"backoffLimit": 5}})
+    release.wait_condition("Failed")
+    for replica in ("master", "worker"):
+        pod = cluster.get("pod", release.pod(replica), release.namespace)
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["state"]["terminated"]["exitCode"] == 3, status
+        assert status["restartCount"] == 0
+    log = cluster.logs(release.pod("master"), release.namespace)
+    assert "loss became" in log, log[-2000:]
+
+
+def test_exit_code_policy_a_sigkilled_worker_fails_the_job_through_the_masters_exit_4(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    # The killed Worker's 137 is retryable, but the Master sees its peer vanish and exits 4
+    # (lost rank), which ExitCode takes as permanent: under ExitCode a killed rank ends the
+    # job. OnFailure (the default) recovers from it (the SIGKILL test above).
+    release = run(cluster, chart_ref, tmp_path, "exit137", KEEP_OUTPUTS, EXIT_CODE)
+    wait_for_checkpoints(release, MID_RUN)
+    kill_container(release, release.pod("worker"))
+    release.wait_condition("Failed")
+    master = cluster.get("pod", release.pod("master"), release.namespace)
+    (status,) = master["status"]["containerStatuses"]
+    assert status["state"]["terminated"]["exitCode"] == 4, status
