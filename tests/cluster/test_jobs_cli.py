@@ -137,6 +137,49 @@ def test_suspend_deletes_the_pods_and_resume_runs_the_job_to_the_end(
     assert gone.returncode != 0 and "NotFound" in gone.stderr
 
 
+def test_a_change_an_admission_policy_refuses_is_one_line_exit_2(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    # A ValidatingAdmissionPolicy (the API server's own CEL admission) that keeps PyTorchJobs
+    # of this namespace suspended: the API server answers a resume with 422 and its message.
+    release = Release(cluster, release_name(), cluster.namespace("vap"),
+                      merged(SHORT, {"runPolicy": {"suspend": True}}))
+    release.install(chart_ref, tmp=tmp_path)
+    ns, name = release.namespace, f"stay-suspended-{release.namespace}"
+    cluster.apply(
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [{
+                      "apiGroups": ["kubeflow.org"], "apiVersions": ["v1"],
+                      "operations": ["UPDATE"], "resources": ["pytorchjobs"]}]},
+                  "validations": [{
+                      "expression": "has(object.spec.runPolicy) && "
+                                    "has(object.spec.runPolicy.suspend) && "
+                                    "object.spec.runPolicy.suspend",
+                      "message": "jobs stay suspended here", "reason": "Invalid"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
+         "spec": {"policyName": name, "validationActions": ["Deny"],
+                  "matchResources": {"namespaceSelector": {"matchLabels": {
+                      "kubernetes.io/metadata.name": ns}}}}})
+    try:
+        # The API server enforces the policy once its informer has it; a resume that got
+        # through before is suspended back (which the policy allows) and tried again.
+        def refused() -> bool:
+            proc = jobs("resume", release.job, "-n", ns)
+            if proc.returncode == 0:
+                assert jobs("suspend", release.job, "-n", ns).returncode == 0
+                return False
+            assert_one_line(proc, EXIT_ERROR, "refused to", "as invalid",
+                            "jobs stay suspended here")
+            return True
+
+        wait_until(refused, "the admission policy enforced", timeout=60)
+    finally:
+        cluster.kubectl("delete", "validatingadmissionpolicybinding,"
+                        "validatingadmissionpolicy", name, check=False)
+
+
 def test_a_missing_job_is_one_line_exit_2(done: Release) -> None:
     proc = jobs("status", "nosuch", "-n", done.namespace)
     assert_one_line(proc, EXIT_ERROR, "nosuch", "not found")

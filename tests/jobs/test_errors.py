@@ -91,6 +91,23 @@ def test_rbac_denial_says_which_permissions_are_missing(ddp, cluster: FakeCluste
     assert "ask for RBAC on pytorchjobs.kubeflow.org" in line
 
 
+@pytest.mark.parametrize(("status", "reason", "needles"), [
+    (422, "Invalid", ["refused to suspend", "as invalid", "no suspending here",
+                      "ask the cluster's admin"]),
+    (409, "Conflict", ["409 Conflict", "the job changed meanwhile"]),
+])
+def test_a_refused_or_conflicting_change_is_one_line_naming_the_rule(
+        ddp, cluster: FakeCluster, status: int, reason: str, needles: list[str]) -> None:
+    refused = kmock.KubernetesError(status=status, reason=reason,
+                                    message="no suspending here")
+    cluster.call(lambda: cluster.k["patch", JOBS, kmock.namespace("training")] << refused)
+    result = ddp("suspend", "mnist")
+    assert result.code == 2
+    line = one_line_error(result.err)
+    for needle in needles:
+        assert needle in line, line
+
+
 def test_a_missing_crd_of_one_kind_does_not_hide_the_jobs_of_the_other(ddp) -> None:
     # The emulator of the `cluster` fixture serves PyTorchJobs only.
     result = ddp("list")

@@ -180,6 +180,17 @@ class Cluster:
                 f"ask for RBAC on {_rbac_resources(kind)} (get, list, patch, delete) and "
                 "pods, pods/log (get, list), or use another --namespace",
             )
+        if status == 422:  # a schema, a webhook or a ValidatingAdmissionPolicy said no
+            return ApiFailed(
+                f"the API server refused to {action} as invalid: {_status_message(err)}",
+                "the message names the rule (an admission policy or webhook of the cluster, or "
+                "the CRD's schema); ask the cluster's admin if the rule is theirs",
+            )
+        if status == 409:
+            return ApiFailed(
+                f"the API server answered 409 Conflict to {action}: {_status_message(err)}",
+                "the job changed meanwhile: run the command again",
+            )
         return ApiFailed(
             f"the API server answered {status} {err.reason} to {action}: {_status_message(err)}",
             "retry; run with --debug for the full response",
