@@ -22,7 +22,7 @@ from tests.cluster.jobs import (
     wait_for_checkpoints,
     wait_until,
 )
-from tests.cluster.kube import Cluster, merged, restart_process
+from tests.cluster.kube import Cluster, KubectlError, merged, restart_process
 
 # The chart's defaults (1 Master + 1 Worker, epoch-end checkpoints, `OnFailure`) sized for the
 # tests: 150 short epochs (about 20 s of training here) leave time to interrupt after the
@@ -178,16 +178,23 @@ def test_exit_code_policy_fails_the_job_at_once_on_exit_3(
                   {"trainerConfig": {"optim": {"lr": 1.0e30}},  # rendered `1e+30`
                    "runPolicy": {"backoffLimit": 5}})
     release.wait_condition("Failed")
-    # The Master exited 3 and was neither restarted nor made anew; a Worker still running then
-    # was deleted by the chart's cleanPodPolicy (Running), one that had exited shows 3 too.
+    # The first rank to exit 3 failed the job at once; a rank still running then was deleted
+    # by the chart's cleanPodPolicy (Running). What is left exited 3, neither restarted nor
+    # made anew.
+    kept = []
     for replica in ("master", "worker"):
-        if replica == "worker" and uid(release, replica) is None:
+        try:
+            pod = cluster.get("pod", release.pod(replica), release.namespace)
+        except KubectlError:  # deleted
             continue
-        pod = cluster.get("pod", release.pod(replica), release.namespace)
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
         (status,) = pod["status"]["containerStatuses"]
         assert status["state"]["terminated"]["exitCode"] == 3, status
         assert status["restartCount"] == 0
-    log = cluster.logs(release.pod("master"), release.namespace)
+        kept.append(release.pod(replica))
+    assert kept, "no pod of the failed job is left"
+    log = cluster.logs(kept[0], release.namespace)
     assert "loss became" in log, log[-2000:]
 
 
