@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.helm import CHART, HELM3, Release, release_name
-from tests.cluster.jobs import KEEP_RESULTS, finished
+from tests.cluster.jobs import KEEP_RESULTS, finished, uid, wait_until
 from tests.cluster.kube import Cluster, merged
 
 # A test-sized run for the variants (the default test keeps every default): 4 epochs, the
@@ -24,15 +24,18 @@ def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
     ns = cluster.namespace("pytorchjob")
     release = Release(cluster, release_name(), ns, KEEP_RESULTS)
     release.install(chart_ref, tmp=tmp_path)
+    # The operator's Worker init container ran, admitted under `restricted` (read while the
+    # job runs: cleanPodPolicy Running deletes a Worker still running when the Master ends).
+    worker = release.pod("worker")
+    wait_until(lambda: uid(release, "worker") is not None, "the operator's Worker pod")
+    cluster.wait(f"pod/{worker}", "jsonpath={.status.initContainerStatuses[0].state.terminated"
+                 ".exitCode}=0", ns)
+    (init,) = cluster.get("pod", worker, ns)["spec"]["initContainers"]
+    assert init["name"] == "init-pytorch"
+    assert init["securityContext"]["runAsNonRoot"] is True
     found = finished(release)
     assert found.summary["world_size"] == 2
     found.assert_agrees()
-    # The operator's Worker init container ran, admitted under `restricted`.
-    worker = cluster.get("pod", release.pod("worker"), ns)
-    (init,) = worker["spec"]["initContainers"]
-    assert init["name"] == "init-pytorch"
-    assert init["securityContext"]["runAsNonRoot"] is True
-    assert worker["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
 
 
 def test_helm3_install_from_the_chart_folder_runs_to_succeeded(
