@@ -19,6 +19,7 @@ from layout import (
     SERVICE_RANGE,
     Paths,
 )
+from operators import HEALTH
 
 
 @dataclass(frozen=True)
@@ -132,5 +133,5 @@ def ready(paths: Paths, component: Component) -> bool:
 
 def training_operator(paths: Paths, bins: dict[str, Path], args: list[str]) -> Component:
     return Component("training-operator", [str(bins["training-operator"]), *args],
-                     "http://127.0.0.1:8091/readyz", user=None,
+                     f"http://{HEALTH}/readyz", user=None,
                      env={"MY_POD_NAMESPACE": "kubeflow"})
