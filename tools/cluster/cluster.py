@@ -33,6 +33,7 @@ import pki
 import procs
 from dns import query_a
 from layout import (
+    API_PORT,
     BRIDGE,
     CLUSTER_DOMAIN,
     HERE,
@@ -57,13 +58,20 @@ def log(message: str) -> None:
     print(f"cluster: {message}", flush=True)
 
 
-def preflight() -> None:
+def preflight(paths: Paths) -> None:
     if os.geteuid() != 0:
         raise ClusterError("the cluster's node runs containers and makes network interfaces: "
                            "run as root")
     missing = [n for n in NEEDS if shutil.which(n) is None]
     if missing:
         raise ClusterError(f"missing {', '.join(missing)} (fix: bash tools/install-cluster.sh)")
+    other = [pid for pid in procs.pids_matching(f"--secure-port {API_PORT} ")
+             if pid != procs.pid_of(paths, "kube-apiserver")]
+    if other:
+        # One cluster per machine: the node's address, ports and /var/lib state are shared.
+        raise ClusterError(f"another checkout's cluster is running (kube-apiserver pid "
+                           f"{other[0]}) (fix: `python3 tools/cluster/cluster.py down` in that "
+                           f"checkout, or `kill {other[0]}`)")
 
 
 def node_interface() -> None:
@@ -176,7 +184,7 @@ def dns_answers() -> bool:
 
 def up(paths: Paths) -> None:
     began = time.monotonic()
-    preflight()
+    preflight(paths)
     versions = Versions.read()
     log(f"Kubernetes {versions.kubernetes}, etcd {versions.etcd}, CoreDNS {versions.coredns}, "
         f"local-path-provisioner {versions.local_path}, training operator "

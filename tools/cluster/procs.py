@@ -46,11 +46,7 @@ def pid_of(paths: Paths, name: str) -> int | None:
         os.kill(pid, 0)
     except (OSError, ValueError):
         return None
-    try:  # a recycled pid is not ours
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-    return None if state == "Z" else pid
+    return None if _exited(pid) else pid
 
 
 def start(paths: Paths, name: str, argv: Sequence[str],
@@ -92,16 +88,27 @@ def kill_and_wait(pid: int, grace: float) -> None:
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+            if _exited(pid):
                 return
             time.sleep(0.2)
 
 
-def _zombie(pid: int) -> bool:
+def _exited(pid: int) -> bool:
+    """Every thread of `pid` has exited. The leader of a Go program turns zombie while its other
+    threads are still tearing down and holding the listening sockets (a restarted API server then
+    failed with "bind: address already in use"; seen in CI), so one zombie thread is not enough."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return True
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            return False
+    return True
 
 
 def pids_matching(fragment: str) -> list[int]:
