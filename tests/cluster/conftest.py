@@ -3,6 +3,8 @@ already running; `make test` takes it down after the run."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from tests.cluster.helm import push_chart
@@ -25,3 +27,16 @@ def cluster() -> Cluster:
 def chart_ref(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The chart packaged and pushed to the cluster's registry: its oci:// reference."""
     return push_chart(cluster, tmp_path_factory.mktemp("chart"))
+
+
+@pytest.fixture
+def advertised_gpus(cluster: Cluster) -> Iterator[None]:
+    """The node advertises 4 `nvidia.com/gpu` (an extended resource in its status, the way
+    Kubernetes documents advertising one by hand): the stand-in for a GPU node's device
+    plugin, so that a pod requesting 2 is scheduled. The ranks themselves run on the CPU."""
+    path = "/status/capacity/nvidia.com~1gpu"
+    cluster.kubectl("patch", "node", cluster.node, "--subresource=status", "--type=json",
+                    "-p", f'[{{"op": "add", "path": "{path}", "value": "4"}}]')
+    yield
+    cluster.kubectl("patch", "node", cluster.node, "--subresource=status", "--type=json",
+                    "-p", f'[{{"op": "remove", "path": "{path}"}}]', check=False)

@@ -62,17 +62,42 @@ class Release:
         return self.name  # the chart's fullname is the release name when it contains "ddp-trainer"
 
     def install(self, source: str, binary: Path = HELM4, tmp: Path | None = None) -> None:
+        self._helm("install", source, binary, tmp)
+
+    def _helm(self, action: str, source: str, binary: Path, tmp: Path | None) -> None:
         values = (tmp or Path("/tmp")) / f"values-{uuid.uuid4().hex[:6]}.json"
         values.write_text(json.dumps(self.values))
-        args = ["install", self.name, source, "-n", self.namespace,
+        args = [action, self.name, source, "-n", self.namespace,
                 "-f", str(STATE / "values-local.yaml"), "-f", str(values)]
         if source.startswith("oci://"):
             args += ["--version", chart_version(), "--ca-file", str(STATE / "pki" / "ca.crt")]
         helm(binary, *args, cluster=self.cluster)
 
+    @property
+    def kind(self) -> str:
+        return "trainjob" if self.values.get("apiKind") == "TrainJob" else "pytorchjob"
+
     def wait_condition(self, condition: str, timeout: int = 600) -> None:
-        self.cluster.wait(f"pytorchjob/{self.job}", f"condition={condition}", self.namespace,
+        """A PyTorchJob's condition; for a TrainJob, Trainer's name for it (Complete)."""
+        if self.kind == "trainjob":
+            condition = {"Succeeded": "Complete"}.get(condition, condition)
+        self.cluster.wait(f"{self.kind}/{self.job}", f"condition={condition}", self.namespace,
                           timeout)
+
+    def upgrade(self, source: str, binary: Path = HELM4, tmp: Path | None = None) -> None:
+        self._helm("upgrade", source, binary, tmp)
+
+    def rank0_pod(self) -> str:
+        """The pod of global rank 0: the Master, or the TrainJob's node 0 (JobSet's Job pod,
+        named with a random suffix)."""
+        if self.kind == "pytorchjob":
+            return self.pod("master")
+        selector = (f"jobset.sigs.k8s.io/jobset-name={self.job},"
+                    "batch.kubernetes.io/job-completion-index=0")
+        names = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-l", selector,
+                                     "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+        assert len(names) == 1, f"pods of node 0: {names}"
+        return names[0]
 
     def claims(self) -> tuple[str, ...]:
         """The persistence keys whose claims the chart creates with these values."""

@@ -84,7 +84,7 @@ def finished(release: Release, condition: str = "Succeeded") -> Finished:
     """The job reached `condition`; what the Master logged, wrote to its outputs claim and,
     where its checkpoints are on a claim too, what `evaluate` scores of the newest one."""
     release.wait_condition(condition)
-    log = release.cluster.logs(release.pod("master"), release.namespace)
+    log = release.cluster.logs(release.rank0_pod(), release.namespace)
     done = DONE.search(log)
     assert done is not None, log[-3000:]
     on_claim = release.claims()

@@ -5,10 +5,7 @@ enforces `restricted`, its PyTorchJob runs to Succeeded, and the numbers agree e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.cluster.helm import CHART, HELM3, Release, release_name
 from tests.cluster.jobs import KEEP_RESULTS, finished, uid, wait_until
@@ -44,19 +41,6 @@ def test_helm3_install_from_the_chart_folder_runs_to_succeeded(
     release = Release(cluster, release_name(), ns, merged(KEEP_RESULTS, SHORT))
     release.install(str(CHART), binary=HELM3, tmp=tmp_path)
     finished(release).assert_agrees()
-
-
-@pytest.fixture
-def advertised_gpus(cluster: Cluster) -> Iterator[None]:
-    """The node advertises 4 `nvidia.com/gpu` (an extended resource in its status, the way
-    Kubernetes documents advertising one by hand): the stand-in for a GPU node's device
-    plugin, so that a pod requesting 2 is scheduled. The ranks themselves run on the CPU."""
-    path = "/status/capacity/nvidia.com~1gpu"
-    cluster.kubectl("patch", "node", cluster.node, "--subresource=status", "--type=json",
-                    "-p", f'[{{"op": "add", "path": "{path}", "value": "4"}}]')
-    yield
-    cluster.kubectl("patch", "node", cluster.node, "--subresource=status", "--type=json",
-                    "-p", f'[{{"op": "remove", "path": "{path}"}}]', check=False)
 
 
 def test_two_ranks_per_pod_run_as_world_size_4(

@@ -50,6 +50,9 @@ GROUPS = (
                                 "github.com/rancher/local-path-provisioner"),)),
     Group(HERE / "training", (("training-operator",
                                "github.com/kubeflow/training-operator/cmd/training-operator.v1"),)),
+    Group(HERE / "trainer", (("trainer-controller-manager",
+                              "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"),
+                             ("jobset-controller", "sigs.k8s.io/jobset"))),
 )
 
 

@@ -27,10 +27,13 @@ import api
 import builds
 import components
 import configs
+import controllers
 import images
 import operators
 import pki
 import procs
+import trainer_v2
+from controllers import HostController
 from dns import query_a
 from layout import (
     API_PORT,
@@ -116,23 +119,40 @@ def write_configs(paths: Paths) -> None:
     paths.storage.mkdir(parents=True, exist_ok=True)
 
 
-def start_operator(paths: Paths, bins: dict[str, Path]) -> None:
-    """The training operator, once its rotator's certificate is where its webhook server reads
-    it (the kubelet's part in-cluster) and its CA is in the webhook configuration."""
-    operator = components.training_operator(paths, bins, operators.arguments(paths))
+def start_controller(paths: Paths, controller: HostController, process: components.Component,
+                     ) -> None:
+    """A controller, once its rotator's certificate is where its webhook server reads it (the
+    kubelet's part in-cluster) and its CA is in its webhook configurations."""
     began = time.monotonic()
-    pid, fresh = procs.start(paths, operator.name, operator.argv, operator.env)
-    procs.wait_for(lambda: operators.mount_webhook_secret(paths), 60,
-                   "the training operator's webhook Secret", paths.logs / "training-operator.log",
-                   alive=procs.alive(paths, operator.name))
-    procs.wait_for(lambda: components.ready(paths, operator), operator.timeout,
-                   f"training-operator (pid {pid}) ready", paths.logs / "training-operator.log",
-                   alive=procs.alive(paths, operator.name))
-    procs.wait_for(lambda: operators.webhook_ready(paths), 60,
-                   "the training operator's webhook CA in its configuration",
-                   paths.logs / "training-operator.log")
-    log(f"training-operator {'started' if fresh else 'already running'} "
+    log_file = paths.logs / f"{process.name}.log"
+    pid, fresh = procs.start(paths, process.name, process.argv, process.env)
+    alive = procs.alive(paths, process.name)
+    procs.wait_for(lambda: controllers.mount_webhook_secret(paths, controller), 60,
+                   f"the webhook Secret of {process.name}", log_file, alive=alive)
+    procs.wait_for(lambda: components.ready(paths, process), process.timeout,
+                   f"{process.name} (pid {pid}) ready", log_file, alive=alive)
+    procs.wait_for(lambda: controllers.webhooks_ready(paths, controller), 60,
+                   f"the webhook CA of {process.name} in its configurations", log_file)
+    log(f"{process.name} {'started' if fresh else 'already running'} "
         f"({time.monotonic() - began:.1f} s)")
+
+
+def install_controllers(paths: Paths, bins: dict[str, Path]) -> None:
+    """Every operator's release manifests applied, the operators started, then the runtimes
+    (their webhook validates them)."""
+    kubectl = bins["kubectl"]
+    trainer_v2.write_configs(paths)
+    controllers.install(paths, kubectl, operators.OPERATOR,
+                        operators.manifests(paths, kubectl, operators.module_dir()))
+    controllers.install(paths, kubectl, trainer_v2.JOBSET,
+                        trainer_v2.jobset_manifests(paths, kubectl))
+    controllers.install(paths, kubectl, trainer_v2.TRAINER,
+                        trainer_v2.trainer_manifests(paths, kubectl))
+    for controller, process in components.host_controllers(paths, bins):
+        start_controller(paths, controller, process)
+    api.kubectl(paths, kubectl, "apply", "--server-side", "-f", "-",
+                stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                  "items": trainer_v2.runtimes()}))
 
 
 def restart(paths: Paths, name: str) -> None:
@@ -141,16 +161,17 @@ def restart(paths: Paths, name: str) -> None:
     bins = builds.build_all(Versions.read())
     wanted = {c.name: c for c in components.control_plane(paths, bins)
               + components.node(paths, bins)}
-    if name not in wanted and name != "training-operator":
+    hosted = {p.name: (c, p) for c, p in components.host_controllers(paths, bins)}
+    if name not in wanted and name not in hosted:
         raise ClusterError(f"no process {name} in the cluster (fix: one of "
-                           f"{', '.join([*wanted, 'training-operator'])})")
+                           f"{', '.join([*wanted, *hosted])})")
     pid = procs.pid_of(paths, name)
     if pid is not None:
         os.kill(pid, signal.SIGKILL)
         procs.wait_for(lambda: procs.pid_of(paths, name) is None, 10, f"{name} (pid {pid}) gone")
     log(f"{name}: pid {pid} killed with SIGKILL")
-    if name == "training-operator":
-        start_operator(paths, bins)
+    if name in hosted:
+        start_controller(paths, *hosted[name])
     else:
         start_all(paths, [wanted[name]])
 
@@ -188,7 +209,8 @@ def up(paths: Paths) -> None:
     versions = Versions.read()
     log(f"Kubernetes {versions.kubernetes}, etcd {versions.etcd}, CoreDNS {versions.coredns}, "
         f"local-path-provisioner {versions.local_path}, training operator "
-        f"{versions.training_operator}")
+        f"{versions.training_operator}, Kubeflow Trainer {versions.trainer}, JobSet "
+        f"{versions.jobset}")
     t = time.monotonic()
     bins = builds.build_all(versions)
     log(f"binaries ready ({time.monotonic() - t:.0f} s)")
@@ -212,8 +234,7 @@ def up(paths: Paths) -> None:
                    paths.logs / "kubelet.log")
     procs.wait_for(dns_answers, 60, "CoreDNS answering kubernetes.default",
                    paths.logs / "coredns.log")
-    operators.install(paths, bins["kubectl"])
-    start_operator(paths, bins)
+    install_controllers(paths, bins)
     values_local(paths, image)
     log(f"up in {time.monotonic() - began:.0f} s: KUBECONFIG={paths.kubeconfig}, "
         f"values {paths.values_local}, kubectl {link}")
@@ -221,7 +242,8 @@ def up(paths: Paths) -> None:
 
 def down(paths: Paths) -> None:
     """Stops every process `up` started (pods' containers included) and removes the state."""
-    for name in ("training-operator", "local-path-provisioner", "coredns", "kubelet"):
+    for name in ("trainer-controller-manager", "jobset-controller", "training-operator",
+                 "local-path-provisioner", "coredns", "kubelet"):
         procs.stop(paths, name)
     _kill_containers()
     for pid in procs.pids_matching(f"-address {paths.containerd_socket}"):

@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import api
+import controllers
+import operators
+import trainer_v2
 from configs import HELPER_IMAGE
+from controllers import HostController
 from layout import (
     API_PORT,
     DNS_READY,
@@ -19,7 +23,6 @@ from layout import (
     SERVICE_RANGE,
     Paths,
 )
-from operators import HEALTH
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,11 @@ def control_plane(paths: Paths, bins: dict[str, Path]) -> list[Component]:
             "--kubelet-preferred-address-types", "InternalIP",
             "--service-account-key-file", str(pki / "sa.pub"),
             "--service-account-signing-key-file", str(pki / "sa.key"),
-            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            # The issuer is the address the API server answers on, not the usual
+            # https://kubernetes.default.svc: Trainer's status server discovers it from its own
+            # token and fetches its OIDC keys there, from the host, which has neither the
+            # cluster's DNS nor a kube-proxy for that Service's ClusterIP.
+            "--service-account-issuer", f"https://{NODE_IP}:{API_PORT}",
             "--service-cluster-ip-range", SERVICE_RANGE,
             "--authorization-mode", "Node,RBAC",
             # PodSecurity is on by default; named so that the namespace labels' enforcement
@@ -131,7 +138,18 @@ def ready(paths: Paths, component: Component) -> bool:
     return api.ok(component.ready_url, ctx)
 
 
-def training_operator(paths: Paths, bins: dict[str, Path], args: list[str]) -> Component:
-    return Component("training-operator", [str(bins["training-operator"]), *args],
-                     f"http://{HEALTH}/readyz", user=None,
-                     env={"MY_POD_NAMESPACE": "kubeflow"})
+def host_controllers(paths: Paths, bins: dict[str, Path]) -> list[tuple[HostController,
+                                                                          Component]]:
+    """The operators, in the order they start: JobSet before Trainer, which makes JobSets."""
+    def component(c: HostController, args: list[str],
+                  env: dict[str, str] | None = None) -> Component:
+        return Component(c.name, controllers.argv(paths, c, [str(bins[c.name]), *args]),
+                         f"http://{c.health}/readyz", user=None, env=env or {})
+    return [
+        (operators.OPERATOR, component(operators.OPERATOR, operators.arguments(paths),
+                                       {"MY_POD_NAMESPACE": operators.OPERATOR.namespace})),
+        (trainer_v2.JOBSET, component(trainer_v2.JOBSET,
+                                      trainer_v2.arguments(paths, trainer_v2.JOBSET))),
+        (trainer_v2.TRAINER, component(trainer_v2.TRAINER,
+                                       trainer_v2.arguments(paths, trainer_v2.TRAINER))),
+    ]

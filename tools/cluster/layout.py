@@ -48,6 +48,8 @@ class Versions:
     coredns: str
     local_path: str
     training_operator: str
+    trainer: str
+    jobset: str
 
     @classmethod
     def read(cls) -> Versions:
@@ -57,7 +59,9 @@ class Versions:
                    local_path=_require(HERE / "localpath" / "go.mod",
                                        "github.com/rancher/local-path-provisioner"),
                    training_operator=_require(HERE / "training" / "go.mod",
-                                              "github.com/kubeflow/training-operator"))
+                                              "github.com/kubeflow/training-operator"),
+                   trainer=_require(HERE / "trainer" / "go.mod", "github.com/kubeflow/trainer/v2"),
+                   jobset=_require(HERE / "trainer" / "go.mod", "sigs.k8s.io/jobset"))
 
 
 @dataclass(frozen=True)

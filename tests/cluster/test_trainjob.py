@@ -1,0 +1,140 @@
+"""The chart's TrainJob mode on the real cluster with the real Kubeflow Trainer v2.3.0 and JobSet
+v0.12.0 (tools/cluster/trainer_v2.py): installed into a namespace that enforces `restricted`, the
+TrainJob completes, rank 0's log agrees exactly with `ddp-trainer evaluate`, and rank 0's
+progress reaches `status.trainerStatus` through Trainer's real status server (KEP-2779)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster.helm import CHART, HELM4, Release, helm, release_name
+from tests.cluster.jobs import KEEP_RESULTS, finished
+from tests.cluster.kube import STATE, Cluster, merged
+
+TRAINJOB: dict[str, Any] = {"apiKind": "TrainJob"}
+# Long enough (about 15 s of training) for several of rank 0's reports, one every 5 s.
+REPORTED = {"trainerConfig": {"train": {"epochs": 100}}}
+SHORT = {"trainerConfig": {"train": {"epochs": 4}, "metrics": {"linger_seconds": 0}}}
+
+
+def trainer_status(release: Release) -> dict[str, Any]:
+    job = release.cluster.get("trainjob", release.job, release.namespace)
+    status: dict[str, Any] = job.get("status", {}).get("trainerStatus") or {}
+    return status
+
+
+def watch_progress(release: Release, timeout: float = 600) -> list[dict[str, Any]]:
+    """Every distinct trainerStatus seen until the TrainJob has a terminal condition."""
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = release.cluster.get("trainjob", release.job, release.namespace)
+        status = job.get("status", {})
+        current = status.get("trainerStatus")
+        if current and (not seen or current != seen[-1]):
+            seen.append(current)
+        if any(c["type"] in ("Complete", "Failed") and c["status"] == "True"
+               for c in status.get("conditions", [])):
+            return seen
+        time.sleep(0.5)
+    raise AssertionError(f"{release.job} did not end in {timeout} s; statuses: {seen}")
+
+
+def pod_monitor(release: Release, tmp: Path) -> dict[str, Any]:
+    """The chart's PodMonitor for the release's values (prometheus-operator is not on this
+    cluster yet, so it is rendered rather than installed)."""
+    values = tmp / "podmonitor-values.json"
+    values.write_text(json.dumps(merged(release.values,
+                                        {"metrics": {"podMonitor": {"enabled": True}}})))
+    rendered = helm(HELM4, "template", release.name, str(CHART), "-n", release.namespace,
+                    "-f", str(STATE / "values-local.yaml"), "-f", str(values),
+                    "--show-only", "templates/podmonitor.yaml", cluster=release.cluster).stdout
+    found: dict[str, Any] = yaml.safe_load(rendered)
+    return found
+
+
+def sanitized(label: str) -> str:
+    """A pod label as Prometheus' Kubernetes discovery names it: __meta_kubernetes_pod_label_*."""
+    return "__meta_kubernetes_pod_label_" + "".join(
+        ch if ch.isalnum() or ch == "_" else "_" for ch in label)
+
+
+def test_default_runtime_completes_under_restricted_with_live_trainer_status(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    ns = cluster.namespace("trainjob")
+    release = Release(cluster, release_name(), ns, merged(KEEP_RESULTS, TRAINJOB, REPORTED))
+    release.install(chart_ref, tmp=tmp_path)
+    statuses = watch_progress(release)
+    found = finished(release)
+    found.assert_agrees()
+    assert found.summary["world_size"] == 2
+    # KEP-2779 through the real status server: progress rose to 100 while the job ran, with
+    # an ETA, and the last report carries the final numbers exactly as the trainer formats them.
+    progress = [s["progressPercentage"] for s in statuses if "progressPercentage" in s]
+    print("trainerStatus progress seen:", progress)
+    assert progress == sorted(progress) and progress[-1] == 100 and progress[0] < 100
+    assert any("estimatedRemainingSeconds" in s for s in statuses[:-1])
+    final = {m["name"]: m["value"] for m in statuses[-1]["metrics"]}
+    assert final["val_accuracy"] == f"{found.summary['val_accuracy']:.6g}"
+    assert final["step"] == str(found.summary["steps"])
+    # The PodMonitor's selection and relabelling read labels the real controllers set.
+    monitor = pod_monitor(release, tmp_path)
+    pods = cluster.kubectl("get", "pods", "-n", ns, "-l",
+                           f"jobset.sigs.k8s.io/jobset-name={release.job}", "-o",
+                           "json").stdout
+    items = yaml.safe_load(pods)["items"]
+    indexes = []
+    for pod in items:
+        labels = pod["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        discovered = {sanitized(k): v for k, v in labels.items()}
+        endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+        for relabel in endpoint["relabelings"]:
+            for source in relabel.get("sourceLabels", []):
+                if source.startswith("__meta_kubernetes_pod_label_"):
+                    assert source in discovered, (source, sorted(labels))
+        assert discovered[sanitized("jobset.sigs.k8s.io/jobset-name")] == release.job
+        assert discovered[sanitized("jobset.sigs.k8s.io/replicatedjob-name")] == "node"
+        indexes.append(discovered[sanitized("batch.kubernetes.io/job-completion-index")])
+        (node,) = [c for c in pod["spec"]["containers"] if c["name"] == "node"]
+        assert 29500 in [p["containerPort"] for p in node.get("ports", [])]
+    assert sorted(indexes) == ["0", "1"]  # the node ranks, one pod each
+
+
+def test_create_runtime_installs_and_upgrades_with_helm(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    ns = cluster.namespace("runtime")
+    release = Release(cluster, release_name(), ns,
+                      merged(KEEP_RESULTS, TRAINJOB, SHORT, {"trainJob": {"createRuntime": True}}))
+    # A plain resource, the runtime came after the TrainJob and Trainer's webhook refused the
+    # install ("specified trainingRuntime must be created before the TrainJob is created").
+    release.install(chart_ref, tmp=tmp_path)
+    runtime = cluster.get("trainingruntime", release.job, ns)
+    job = cluster.get("trainjob", release.job, ns)
+    assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
+                                         "kind": "TrainingRuntime", "name": release.job}
+    release.values = merged(release.values, {"commonLabels": {"upgraded": "yes"}})
+    release.upgrade(chart_ref, tmp=tmp_path)
+    assert cluster.get("trainjob", release.job, ns)["metadata"]["labels"]["upgraded"] == "yes"
+    assert cluster.get("trainingruntime", release.job, ns)["metadata"]["uid"] == \
+        runtime["metadata"]["uid"]
+    finished(release).assert_agrees()
+
+
+def test_two_processes_per_node_run_as_world_size_4(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, advertised_gpus: None) -> None:
+    ns = cluster.namespace("tjtwo")
+    release = Release(cluster, release_name(), ns,
+                      merged(KEEP_RESULTS, TRAINJOB, SHORT, {"gpusPerReplica": 2}))
+    release.install(chart_ref, tmp=tmp_path)
+    found = finished(release)
+    assert found.summary["world_size"] == 4
+    found.assert_agrees()
+    job = cluster.get("trainjob", release.job, ns)
+    assert job["spec"]["trainer"]["numProcPerNode"] == 2
+
