@@ -18,7 +18,7 @@ NPROC ?= 2
 RUN_ARGS ?=
 
 .PHONY: venv tools e2e-tools cluster-tools cluster-up cluster-down run test test-fast e2e \
-	lint bench k8s image push clean
+	lint bench k8s image push release clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -94,6 +94,12 @@ image:
 
 push: image
 	docker push $(IMAGE):$(TAG)
+
+# The image and the chart pushed to an OCI registry, as a user's CI would (tools/release.py):
+# make release REGISTRY=host:port [REGISTRY_CA=ca.crt]
+release: venv tools e2e-tools
+	@test -n "$(REGISTRY)" || { echo "release: error: REGISTRY is not set (fix: make release REGISTRY=host:port [REGISTRY_CA=ca.crt])" >&2; exit 2; }
+	$(PY) tools/release.py $(REGISTRY) $(if $(REGISTRY_CA),--ca $(REGISTRY_CA))
 
 clean:
 	rm -rf $(VENV) .tools .cache outputs checkpoints .pytest_cache .mypy_cache .ruff_cache

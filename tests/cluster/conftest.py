@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.helm import push_chart
+from tests.cluster.helm import release
 from tests.cluster.kube import Cluster, bring_up
 
 
@@ -24,9 +24,9 @@ def cluster() -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def chart_ref(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The chart packaged and pushed to the cluster's registry: its oci:// reference."""
-    return push_chart(cluster, tmp_path_factory.mktemp("chart"))
+def chart_ref(cluster: Cluster) -> str:
+    """`make release` to the cluster's registry: the chart's oci:// reference."""
+    return release(cluster)
 
 
 @pytest.fixture

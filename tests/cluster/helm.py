@@ -18,7 +18,7 @@ from tests.cluster.kube import REPO, STATE, Cluster
 CHART = REPO / "charts" / "ddp-trainer"
 HELM4 = REPO / ".tools" / "bin" / "helm"
 HELM3 = REPO / ".tools" / "bin" / "helm3"
-REGISTRY_CHARTS = "oci://10.250.0.1:5000/charts"
+REGISTRY = "10.250.0.1:5000"  # tools/cluster/layout.py
 
 
 def chart_version() -> str:
@@ -41,13 +41,16 @@ def helm(binary: Path, *args: str, cluster: Cluster, check: bool = True,
     return proc
 
 
-def push_chart(cluster: Cluster, out: Path) -> str:
-    """`helm package` + `helm push` to the cluster's registry; the chart's oci:// reference."""
-    helm(HELM4, "package", str(CHART), "--destination", str(out), cluster=cluster)
-    (package,) = out.glob("ddp-trainer-*.tgz")
-    helm(HELM4, "push", str(package), REGISTRY_CHARTS, "--ca-file",
-         str(STATE / "pki" / "ca.crt"), cluster=cluster)
-    return f"{REGISTRY_CHARTS}/ddp-trainer"
+def release(cluster: Cluster) -> str:
+    """`make release` to the cluster's registry (the image under the chart's appVersion tag and
+    the packaged chart, pushed as a user's CI pushes them); the chart's oci:// reference."""
+    proc = subprocess.run(["make", "-s", "release", f"REGISTRY={REGISTRY}",
+                           f"REGISTRY_CA={STATE / 'pki' / 'ca.crt'}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0, f"make release exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    chart = f"oci://{REGISTRY}/charts/ddp-trainer"
+    assert f"release: chart {chart} {chart_version()}" in proc.stdout, proc.stdout
+    return chart
 
 
 @dataclass

@@ -1,15 +1,17 @@
-"""The chart on the real cluster with the real training operator v1.9.4: installed from the
-cluster's OCI registry with Helm 4 (and from the folder with Helm 3) into a namespace that
-enforces `restricted`, its PyTorchJob runs to Succeeded, and the numbers agree exactly with
-`ddp-trainer evaluate` of the final checkpoint; one or two ranks per pod, and elastic."""
+"""The chart on the real cluster with the real training operator v1.9.4: released with
+`make release` to the cluster's OCI registry and installed from there with Helm 4 (and from the
+folder with Helm 3) into a namespace that enforces `restricted`, its PyTorchJob runs to
+Succeeded, and the numbers agree exactly with `ddp-trainer evaluate` of the final checkpoint;
+one or two ranks per pod, and elastic."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cluster.helm import CHART, HELM3, Release, release_name
+from tests.cluster.helm import CHART, HELM3, REGISTRY, Release, release_name
 from tests.cluster.jobs import KEEP_RESULTS, finished, uid, wait_until
 from tests.cluster.kube import Cluster, merged
+from tests.e2e.harness.image import package_version
 
 # A test-sized run for the variants (the default test keeps every default): 4 epochs, the
 # final metrics not served on after the end.
@@ -19,7 +21,8 @@ SHORT = {"trainerConfig": {"train": {"epochs": 4}, "metrics": {"linger_seconds":
 def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
         cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
     ns = cluster.namespace("pytorchjob")
-    release = Release(cluster, release_name(), ns, KEEP_RESULTS)
+    # The image `make release` pushed, under the chart's default tag (its appVersion).
+    release = Release(cluster, release_name(), ns, merged(KEEP_RESULTS, {"image": {"tag": ""}}))
     release.install(chart_ref, tmp=tmp_path)
     # The operator's Worker init container ran, admitted under `restricted` (read while the
     # job runs: cleanPodPolicy Running deletes a Worker still running when the Master ends).
@@ -33,6 +36,8 @@ def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
     found = finished(release)
     assert found.summary["world_size"] == 2
     found.assert_agrees()
+    image = cluster.get("pod", release.pod("master"), ns)["spec"]["containers"][0]["image"]
+    assert image == f"{REGISTRY}/ddp-trainer:{package_version()}"
 
 
 def test_helm3_install_from_the_chart_folder_runs_to_succeeded(

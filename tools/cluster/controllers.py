@@ -103,9 +103,13 @@ def install(paths: Paths, kubectl: Path, c: HostController, objects: list[dict[s
 def argv(paths: Paths, c: HostController, command: list[str]) -> list[str]:
     """`command` in a mount namespace of its own where the certDir and the ServiceAccount folder
     are this controller's, as in its pod."""
-    for folder in (c.certs(paths), c.service_account_dir(paths), Path(CERT_DIR), Path(SA_DIR)):
+    for folder in (c.certs(paths), c.service_account_dir(paths), Path(CERT_DIR)):
         folder.mkdir(parents=True, exist_ok=True)
-    script = f'mount --bind "$0" {CERT_DIR} && mount --bind "$1" {SA_DIR} && shift && exec "$@"'
+    # The ServiceAccount folder must not appear on the host, where clients take its presence
+    # for being in a pod (the kubeflow-training SDK then reads its namespace file): a tmpfs
+    # over /run (/var/run's target) in the controller's namespace holds the mount point.
+    script = (f'mount --bind "$0" {CERT_DIR} && mount -t tmpfs tmpfs /run && mkdir -p {SA_DIR} '
+              f'&& mount --bind "$1" {SA_DIR} && shift && exec "$@"')
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
             str(c.certs(paths)), str(c.service_account_dir(paths)), *command]
 
