@@ -337,6 +337,21 @@ def test_a_script_whose_dataset_class_is_in_the_script_loads_with_workers(
     assert (summary["world_size"], summary["epochs"], summary["val_total"]) == (2, 2, 51)
 
 
+def test_an_unguarded_script_calling_fit_trains_once_with_workers(tmp_path: Path) -> None:
+    # The Kubeflow SDK's CustomTrainer script calls the user's function at module level; a
+    # forkserver (or spawn) worker imports that script as its main module and must not train.
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import sys\nimport trainer\n"
+        "trainer.fit({'data': {'num_workers': 1}, 'train': {'epochs': 2, 'batch_size': 32},\n"
+        "             'dist': {'timeout_seconds': 60}, 'output': {'dir': sys.argv[1]}})\n")
+    proc = run_cli("run", "--nproc-per-node", "2", "--metrics-port", "0", str(script),
+                   str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = read_json(tmp_path / "out" / "summary.json")
+    assert (summary["world_size"], summary["epochs"]) == (2, 2)
+
+
 def test_fit_in_a_group_the_user_joined_with_another_size_is_one_clear_error(
         tmp_path: Path) -> None:
     # A one-rank group the script made itself, then an environment saying rank 1 of 2.

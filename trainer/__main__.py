@@ -4,4 +4,5 @@ import sys
 
 from trainer.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a worker process imports it as its main module
+    sys.exit(main())

@@ -15,6 +15,7 @@ what ``ddp-trainer train`` does — the same checkpoints, resume, metrics and ``
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,11 @@ def fit(config: ConfigLike = None, *, model: nn.Module | None = None, dataset: A
     count)``) replace what the config names. Raises a :class:`trainer.errors.TrainerError`
     (with ``exit_code``) on bad input, divergence, a lost rank or SIGTERM.
     """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # A data-loader worker (forkserver or spawn) is importing the main script to unpickle
+        # what it defines, and the script calls fit() unguarded, as the Kubeflow SDK's generated
+        # CustomTrainer script does: the call is the parent's to make, not the worker's.
+        return {}
     from trainer import runner
 
     return runner.train(load_config(config), model=model, dataset=dataset, step=step)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,12 @@ def run(script: str, extra: str = "sdk", **variables: Any) -> Any:
     last, parsed as JSON."""
     prelude = "import json\n" + "".join(f"{k} = json.loads({json.dumps(json.dumps(v))})\n"
                                         for k, v in variables.items())
-    proc = subprocess.run([str(python(extra)), "-c", prelude + script], capture_output=True,
-                          text=True, timeout=300, check=False)
+    # From a file, as a user's script runs: the Trainer SDK reads a CustomTrainer function's
+    # source with inspect.getsource, which needs one.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "user_script.py"
+        path.write_text(prelude + script)
+        proc = subprocess.run([str(python(extra)), str(path)], capture_output=True, text=True,
+                              timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
