@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.cluster import monitoring
 from tests.cluster.helm import CHART, HELM3, REGISTRY, Release, release_name
 from tests.cluster.jobs import KEEP_RESULTS, finished, uid, wait_until
 from tests.cluster.kube import Cluster, merged
@@ -33,9 +34,12 @@ def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
     (init,) = cluster.get("pod", worker, ns)["spec"]["initContainers"]
     assert init["name"] == "init-pytorch"
     assert init["securityContext"]["runAsNonRoot"] is True
+    # The chart's PodMonitor, through prometheus-operator, while the ranks run and linger.
+    selector = monitoring.assert_scraped_while_running(release)
     found = finished(release)
     assert found.summary["world_size"] == 2
     found.assert_agrees()
+    monitoring.assert_final_values_scraped(selector, found.summary)
     image = cluster.get("pod", release.pod("master"), ns)["spec"]["containers"][0]["image"]
     assert image == f"{REGISTRY}/ddp-trainer:{package_version()}"
 

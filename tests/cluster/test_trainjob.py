@@ -1,17 +1,20 @@
 """The chart's TrainJob mode on the real cluster with the real Kubeflow Trainer v2.3.0 and JobSet
 v0.12.0 (tools/cluster/trainer_v2.py): installed into a namespace that enforces `restricted`, the
-TrainJob completes, rank 0's log agrees exactly with `ddp-trainer evaluate`, and rank 0's
-progress reaches `status.trainerStatus` through Trainer's real status server (KEP-2779)."""
+TrainJob completes, rank 0's log agrees exactly with `ddp-trainer evaluate`, rank 0's progress
+reaches `status.trainerStatus` through Trainer's real status server (KEP-2779), and its ranks
+are scraped through prometheus-operator (tests/cluster/monitoring.py)."""
 
 from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.cluster import monitoring
 from tests.cluster.helm import CHART, HELM4, Release, helm, release_name
 from tests.cluster.jobs import KEEP_RESULTS, finished
 from tests.cluster.kube import STATE, Cluster, merged
@@ -69,10 +72,15 @@ def test_default_runtime_completes_under_restricted_with_live_trainer_status(
     ns = cluster.namespace("trainjob")
     release = Release(cluster, release_name(), ns, merged(KEEP_RESULTS, TRAINJOB, REPORTED))
     release.install(chart_ref, tmp=tmp_path)
-    statuses = watch_progress(release)
+    # trainerStatus is watched from the start while the PodMonitor's scraping is checked.
+    with ThreadPoolExecutor(1) as pool:
+        watched = pool.submit(watch_progress, release)
+        selector = monitoring.assert_scraped_while_running(release)
+        statuses = watched.result()
     found = finished(release)
     found.assert_agrees()
     assert found.summary["world_size"] == 2
+    monitoring.assert_final_values_scraped(selector, found.summary)
     # KEP-2779 through the real status server: progress rose to 100 while the job ran, with
     # an ETA, and the last report carries the final numbers exactly as the trainer formats them.
     progress = [s["progressPercentage"] for s in statuses if "progressPercentage" in s]

@@ -16,8 +16,14 @@ from tests.cluster.helm import Release, release_name
 from tests.cluster.jobs import KEEP_RESULTS, finished, wait_for_checkpoints, wait_until
 from tests.cluster.kube import STATE, Cluster, merged
 from tests.cluster.test_jobs_cli import jobs
-from tests.cluster.test_pytorchjob_failures import FAILOVER, MID_RUN, assert_same_as
+from tests.cluster.test_pytorchjob_failures import MID_RUN, assert_same_as
 from tests.cluster.test_trainjob import SHORT, TRAINJOB
+
+# 60 short epochs (about 8 s of training here): the suspension comes after the second
+# checkpoint, and the uninterrupted run beside it shares the two cores.
+SUSPENDED: dict[str, Any] = {"trainerConfig": {
+    "train": {"epochs": 60}, "dist": {"timeout_seconds": 60},
+    "metrics": {"linger_seconds": 0}}}
 
 
 def trainjob(cluster: Cluster, prefix: str, *layers: dict[str, Any]) -> Release:
@@ -68,9 +74,9 @@ def test_list_status_and_logs_show_the_finished_trainjob(done: Release) -> None:
 def test_suspend_deletes_the_pods_and_resume_ends_as_uninterrupted(
         cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
     # The uninterrupted run and the suspended one side by side (same values, same seed).
-    base = trainjob(cluster, "tjbase", FAILOVER, KEEP_RESULTS)
+    base = trainjob(cluster, "tjbase", SUSPENDED, KEEP_RESULTS)
     base.install(chart_ref, tmp=tmp_path)
-    release = trainjob(cluster, "tjsuspend", FAILOVER, KEEP_RESULTS)
+    release = trainjob(cluster, "tjsuspend", SUSPENDED, KEEP_RESULTS)
     release.install(chart_ref, tmp=tmp_path)
     ns = release.namespace
     step = wait_for_checkpoints(release, MID_RUN)

@@ -25,6 +25,8 @@ class Group:
 
     module: Path
     packages: tuple[tuple[str, str], ...]  # (binary name, package path)
+    static: bool = False  # no cgo: the binary goes into a FROM-scratch image
+    tags: str = ""  # go build -tags
 
     def ldflags(self, versions: Versions) -> str:
         if self.module.name == "localpath":  # what its release build stamps
@@ -53,6 +55,14 @@ GROUPS = (
     Group(HERE / "trainer", (("trainer-controller-manager",
                               "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"),
                              ("jobset-controller", "sigs.k8s.io/jobset"))),
+    Group(HERE / "monitoring", (
+        ("prometheus-operator", "github.com/prometheus-operator/prometheus-operator/cmd/operator"),
+        ("prometheus-config-reloader",
+         "github.com/prometheus-operator/prometheus-operator/cmd/prometheus-config-reloader")),
+        static=True),
+    # Only the Kubernetes service discovery of Prometheus' plugins (its build tags).
+    Group(HERE / "prometheus", (("prometheus", "github.com/prometheus/prometheus/cmd/prometheus"),),
+          static=True, tags="remove_all_sd,enable_kubernetes_sd"),
 )
 
 
@@ -71,7 +81,8 @@ def _go() -> str:
 
 def key(group: Group, go: str, ldflags: str) -> str:
     h = hashlib.sha256(subprocess.run([go, "version"], capture_output=True, text=True,
-                                      check=True).stdout.encode() + ldflags.encode())
+                                      check=True).stdout.encode() + ldflags.encode()
+                       + (b"static" if group.static else b"") + group.tags.encode())
     for path in sorted(p for p in group.module.iterdir()
                        if p.suffix in (".mod", ".sum") or p.name == "cmd"):
         files = sorted(path.rglob("*.go")) if path.is_dir() else [path]
@@ -93,11 +104,15 @@ def build(group: Group, versions: Versions) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     command = [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp)]
+    if group.tags:
+        command += ["-tags", group.tags]
     command += [pkg for _, pkg in group.packages]
     started = time.monotonic()
     print(f"cluster: building {', '.join(n for n, _ in group.packages)} "
           f"(go build in {group.module.relative_to(HERE.parents[1])})", flush=True)
     env = {**os.environ, "GOFLAGS": "-mod=readonly -buildvcs=false"}
+    if group.static:
+        env["CGO_ENABLED"] = "0"
     proc = subprocess.run(command, cwd=group.module, env=env, capture_output=True, text=True,
                           check=False)
     if proc.returncode != 0:

@@ -32,6 +32,7 @@ import images
 import operators
 import pki
 import procs
+import prometheus_stack
 import trainer_v2
 from controllers import HostController
 from dns import query_a
@@ -148,11 +149,24 @@ def install_controllers(paths: Paths, bins: dict[str, Path]) -> None:
                         trainer_v2.jobset_manifests(paths, kubectl))
     controllers.install(paths, kubectl, trainer_v2.TRAINER,
                         trainer_v2.trainer_manifests(paths, kubectl))
+    prometheus_stack.install(paths, kubectl)
     for controller, process in components.host_controllers(paths, bins):
         start_controller(paths, controller, process)
     api.kubectl(paths, kubectl, "apply", "--server-side", "-f", "-",
                 stdin=json.dumps({"apiVersion": "v1", "kind": "List",
                                   "items": trainer_v2.runtimes()}))
+    found: list[str] = []
+
+    def prometheus_ready() -> bool:
+        url = prometheus_stack.prometheus_url(paths, kubectl)
+        if url and prometheus_stack.answers(url):
+            found.append(url)
+        return bool(found)
+
+    procs.wait_for(prometheus_ready, 240, "the operator's Prometheus pod answering",
+                   paths.logs / "prometheus-operator.log")
+    prometheus_stack.url_file(paths).write_text(found[0] + "\n")
+    log(f"Prometheus {prometheus_stack.PROMETHEUS_VERSION} (prometheus-operator's) at {found[0]}")
 
 
 def restart(paths: Paths, name: str) -> None:
@@ -186,9 +200,6 @@ def values_local(paths: Paths, image: str) -> None:
         # replica) would leave a 2-pod job unschedulable.
         "resources": {"requests": {"cpu": "100m", "memory": "512Mi"},
                       "limits": {"cpu": "2", "memory": "6Gi"}},
-        # prometheus-operator's CRDs are not installed on this cluster yet (issue 19): the
-        # PodMonitor and PrometheusRule kinds do not exist here.
-        "metrics": {"podMonitor": {"enabled": False}, "prometheusRule": {"enabled": False}},
     }
     header = ("# Chart values for the test cluster (make cluster-up), only those that must\n"
               "# differ from the chart's defaults here. JSON, which is YAML.\n")
@@ -210,7 +221,7 @@ def up(paths: Paths) -> None:
     log(f"Kubernetes {versions.kubernetes}, etcd {versions.etcd}, CoreDNS {versions.coredns}, "
         f"local-path-provisioner {versions.local_path}, training operator "
         f"{versions.training_operator}, Kubeflow Trainer {versions.trainer}, JobSet "
-        f"{versions.jobset}")
+        f"{versions.jobset}, prometheus-operator {versions.prometheus_operator}")
     t = time.monotonic()
     bins = builds.build_all(versions)
     log(f"binaries ready ({time.monotonic() - t:.0f} s)")
@@ -226,6 +237,7 @@ def up(paths: Paths) -> None:
     t = time.monotonic()
     podman = images.Podman()
     images.system_images(podman, paths)
+    images.monitoring_images(podman, paths, bins)
     image, built = images.trainer(podman, paths)
     log(f"images in the registry: {image} (built in {built.build_seconds:.0f} s; "
         f"{time.monotonic() - t:.0f} s with pushes)")
@@ -242,7 +254,8 @@ def up(paths: Paths) -> None:
 
 def down(paths: Paths) -> None:
     """Stops every process `up` started (pods' containers included) and removes the state."""
-    for name in ("trainer-controller-manager", "jobset-controller", "training-operator",
+    for name in ("prometheus-operator", "trainer-controller-manager", "jobset-controller",
+                 "training-operator",
                  "local-path-provisioner", "coredns", "kubelet"):
         procs.stop(paths, name)
     _kill_containers()

@@ -9,6 +9,7 @@ from pathlib import Path
 import api
 import controllers
 import operators
+import prometheus_stack
 import trainer_v2
 from configs import HELPER_IMAGE
 from controllers import HostController
@@ -144,7 +145,7 @@ def host_controllers(paths: Paths, bins: dict[str, Path]) -> list[tuple[HostCont
     def component(c: HostController, args: list[str],
                   env: dict[str, str] | None = None) -> Component:
         return Component(c.name, controllers.argv(paths, c, [str(bins[c.name]), *args]),
-                         f"http://{c.health}/readyz", user=None, env=env or {})
+                         f"http://{c.health}{c.ready_path}", user=None, env=env or {})
     return [
         (operators.OPERATOR, component(operators.OPERATOR, operators.arguments(paths),
                                        {"MY_POD_NAMESPACE": operators.OPERATOR.namespace})),
@@ -152,4 +153,7 @@ def host_controllers(paths: Paths, bins: dict[str, Path]) -> list[tuple[HostCont
                                       trainer_v2.arguments(paths, trainer_v2.JOBSET))),
         (trainer_v2.TRAINER, component(trainer_v2.TRAINER,
                                        trainer_v2.arguments(paths, trainer_v2.TRAINER))),
+        (prometheus_stack.OPERATOR, component(prometheus_stack.OPERATOR,
+                                              prometheus_stack.arguments(),
+                                              prometheus_stack.environment())),
     ]

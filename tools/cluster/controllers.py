@@ -46,12 +46,13 @@ class HostController:
     name: str  # the process name and its binary's
     namespace: str
     service_account: str
-    service: str  # the webhook Service the rotator names its certificate after
-    secret: str  # the webhook Secret it fills
-    webhooks: tuple[str, ...]  # "validating/NAME" or "mutating/NAME"
-    ports: tuple[Port, ...]
-    health: str  # host:port of its /readyz
+    health: str  # host:port of its /readyz (or /healthz: `ready_path`)
+    service: str = ""  # the webhook Service the rotator names its certificate after
+    secret: str = ""  # the webhook Secret it fills
+    webhooks: tuple[str, ...] = ()  # "validating/NAME" or "mutating/NAME"
+    ports: tuple[Port, ...] = ()
     headless: bool = False
+    ready_path: str = "/readyz"
 
     def kubeconfig(self, paths: Paths) -> Path:
         return paths.config / f"{self.name}.kubeconfig"
@@ -65,6 +66,8 @@ class HostController:
 
 def service_objects(c: HostController) -> list[dict[str, Any]]:
     """The controller's Service without a selector and the EndpointSlice that points it here."""
+    if not c.service:
+        return []
     spec: dict[str, Any] = {"ports": [{"name": p.name, "port": p.port, "targetPort": p.host}
                                       for p in c.ports]}
     if c.headless:
@@ -117,6 +120,8 @@ def argv(paths: Paths, c: HostController, command: list[str]) -> list[str]:
 def mount_webhook_secret(paths: Paths, c: HostController) -> bool:
     """The kubelet's part once the rotator has filled the Secret: its files in the controller's
     certDir. True when they are there (the rotator waits for them before its webhook serves)."""
+    if not c.secret:
+        return True
     try:
         secret = api.get(paths, f"/api/v1/namespaces/{c.namespace}/secrets/{c.secret}")
     except OSError:

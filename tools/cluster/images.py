@@ -4,6 +4,8 @@ podman; containerd then pulls them over HTTPS as a cluster pulls from any regist
 - pause: the pod sandbox, Debian's static catatonit in pause mode (podman's own pause image
   is made the same way);
 - busybox: Debian's busybox-static, for local-path-provisioner's helper pods;
+- prometheus, prometheus-config-reloader: built from their modules, for the Prometheus pod
+  prometheus-operator makes;
 - ddp-trainer: the checkout's Dockerfile, built by the e2e harness's podman path
   (tests/e2e/harness/image.py: a debootstrapped base, the local wheel index).
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from configs import HELPER_IMAGE, PAUSE_IMAGE
 from layout import REGISTRY, REPO, Paths
+from prometheus_stack import PROMETHEUS_IMAGE, RELOADER_IMAGE
 
 sys.path.insert(0, str(REPO))
 from tests.e2e.harness.image import BuiltImage, trainer_image  # noqa: E402
@@ -76,6 +79,25 @@ def system_images(podman: Podman, paths: Paths) -> None:
     catatonit = shutil.which("catatonit") or "/usr/libexec/podman/catatonit"
     _tiny(podman, paths, PAUSE_IMAGE, PAUSE_FILE, {"catatonit": Path(catatonit)})
     _tiny(podman, paths, HELPER_IMAGE, BUSYBOX_FILE, {"busybox": Path("/bin/busybox")})
+
+
+PROMETHEUS_FILE = """FROM scratch
+COPY prometheus /bin/prometheus
+USER 65534:65534
+ENTRYPOINT ["/bin/prometheus"]
+"""
+RELOADER_FILE = """FROM scratch
+COPY prometheus-config-reloader /bin/prometheus-config-reloader
+USER 65534:65534
+ENTRYPOINT ["/bin/prometheus-config-reloader"]
+"""
+
+
+def monitoring_images(podman: Podman, paths: Paths, bins: dict[str, Path]) -> None:
+    """Prometheus and the operator's config reloader, both built here without cgo."""
+    _tiny(podman, paths, PROMETHEUS_IMAGE, PROMETHEUS_FILE, {"prometheus": bins["prometheus"]})
+    _tiny(podman, paths, RELOADER_IMAGE, RELOADER_FILE,
+          {"prometheus-config-reloader": bins["prometheus-config-reloader"]})
 
 
 def trainer(podman: Podman, paths: Paths) -> tuple[str, BuiltImage]:

@@ -50,6 +50,8 @@ class Versions:
     training_operator: str
     trainer: str
     jobset: str
+    prometheus_operator: str
+    prometheus: str  # its Go module's version: v0.313.0 is Prometheus v3.13.0
 
     @classmethod
     def read(cls) -> Versions:
@@ -61,7 +63,12 @@ class Versions:
                    training_operator=_require(HERE / "training" / "go.mod",
                                               "github.com/kubeflow/training-operator"),
                    trainer=_require(HERE / "trainer" / "go.mod", "github.com/kubeflow/trainer/v2"),
-                   jobset=_require(HERE / "trainer" / "go.mod", "sigs.k8s.io/jobset"))
+                   jobset=_require(HERE / "trainer" / "go.mod", "sigs.k8s.io/jobset"),
+                   prometheus_operator=_require(
+                       HERE / "monitoring" / "go.mod",
+                       "github.com/prometheus-operator/prometheus-operator"),
+                   prometheus=_require(HERE / "prometheus" / "go.mod",
+                                       "github.com/prometheus/prometheus"))
 
 
 @dataclass(frozen=True)
