@@ -68,8 +68,8 @@ test: venv tools e2e-tools cluster-tools
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" --durations=10
 
-# End to end (docs/e2e.md): the image built from the Dockerfile with podman, the chart's pods
-# played with the training operator's env, trained, killed, drained, resumed and scraped.
+# End to end (docs/e2e.md): the image built from the Dockerfile with podman, air-gapped, and
+# checked; the cluster tests run what the chart makes of it.
 e2e: venv tools e2e-tools
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q tests/e2e tests/image/test_built_image.py
 

@@ -7,11 +7,10 @@ import json
 import subprocess
 import sys
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from tests.e2e.harness.chart import merge_values
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "tools" / "cluster"
@@ -107,9 +106,16 @@ def api_endpoint() -> str:
     return f"{layout.NODE_IP}:{layout.API_PORT}"
 
 
-def merged(*layers: dict[str, Any]) -> dict[str, Any]:
+def merged(*layers: Mapping[str, Any]) -> dict[str, Any]:
     """Chart values merged as Helm merges `-f` files: maps deeply, anything else replaced."""
-    return merge_values(*layers)
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = dict(value) if isinstance(value, Mapping) else value
+    return out
 
 
 def restart_process(name: str) -> None:
