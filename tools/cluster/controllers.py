@@ -2,7 +2,8 @@
 
 The training operator, Kubeflow Trainer and JobSet are controller-runtime managers whose release
 manifests (CRDs, RBAC, webhook configurations, an empty webhook-certificate Secret) are applied
-as rendered, less their Deployment. Each runs as its ServiceAccount (a token from the
+as rendered, less their Deployment; prometheus-operator (no webhook) runs the same way
+(prometheus_stack.py). Each runs as its ServiceAccount (a token from the
 TokenRequest API) and fills its own webhook Secret with its certificate rotator, which writes
 the CA into its webhook configurations. What a kubelet does for their pods is done here:
 - the Secret's files at the rotator's fixed certDir (/tmp/k8s-webhook-server/serving-certs in
