@@ -6,8 +6,10 @@ the kernel kills them (containerd's `ctr task kill`)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.cluster.helm import Release
-from tests.cluster.kube import RESTRICTED_CONTAINER, RESTRICTED_POD, KubectlError, node_paths
+from tests.cluster.kube import (
+    KUBECTL,
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    STATE,
+    KubectlError,
+    node_paths,
+)
 
 DONE = re.compile(r"done: (\d+) steps, .* val accuracy (\d\.\d{4}) \((\d+)/(\d+)\)")
 # Chart-created ReadWriteMany claims for checkpoints and outputs, so that the test reads
@@ -25,6 +34,12 @@ KEEP_RESULTS: dict[str, Any] = {"persistence": {
     "outputs": {"create": {"enabled": True, "keep": False}}}}
 KEEP_OUTPUTS: dict[str, Any] = {"persistence": {
     "outputs": {"create": {"enabled": True, "keep": False}}}}
+# A test-sized run: 4 epochs, the final metrics not served on after the end.
+SHORT: dict[str, Any] = {"trainerConfig": {"train": {"epochs": 4},
+                                           "metrics": {"linger_seconds": 0}}}
+TRAINJOB: dict[str, Any] = {"apiKind": "TrainJob"}
+MID_RUN = 2  # checkpoints written before an interruption
+BIN = Path(sys.executable).parent
 
 EVALUATE = """
 import json, subprocess, sys
@@ -180,3 +195,43 @@ def restarts(release: Release, pod: str) -> tuple[int, int | None]:
     (container,) = status["containerStatuses"]
     last = container.get("lastState", {}).get("terminated")
     return container["restartCount"], (last or {}).get("exitCode")
+
+
+def assert_same_as(got: Finished, want: Finished, resumed: bool = True) -> None:
+    """An interrupted run ended with exactly the uninterrupted run's numbers."""
+    got.assert_agrees()
+    if resumed:
+        assert got.summary["resumed_from_step"], got.summary
+    else:
+        assert not got.summary.get("resumed_from_step"), got.summary
+    for key in ("steps", "train_loss", "val_accuracy", "val_correct", "val_total"):
+        assert got.summary[key] == want.summary[key], (key, got.summary, want.summary)
+
+
+def jobs(*args: str, kubeconfig: Path = STATE / "kubeconfig",
+         timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`ddp-trainer jobs ARGS` as a user runs it, with the cluster's kubeconfig."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig),
+           "PATH": f"{BIN}:{KUBECTL.parent}:{os.environ['PATH']}"}
+    return subprocess.run([str(BIN / "ddp-trainer"), "jobs", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, check=False)
+
+
+def waited_by_the_cli(release: Release, chart_ref: str, tmp: Path) -> Release:
+    """The release installed and run to the end, waited for by `jobs wait`."""
+    release.install(chart_ref, tmp=tmp)
+    proc = jobs("wait", release.job, "-n", release.namespace, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Succeeded" in proc.stdout
+    return release
+
+
+def assert_logs_by_rank(release: Release) -> None:
+    """`jobs logs`: every line names its rank; rank 0 logs the progress (the others log
+    warnings only); the trainer's own prefix is kept, once."""
+    logs = jobs("logs", release.job, "-n", release.namespace)
+    assert logs.returncode == 0, logs.stderr
+    ranks = {line.split("]")[0] for line in logs.stdout.splitlines() if line.startswith("[rank")}
+    assert "[rank 0" in ranks and ranks <= {"[rank 0", "[rank 1"}, logs.stdout[-2000:]
+    assert "done:" in logs.stdout
+    assert "[rank 0] [rank 0]" not in logs.stdout

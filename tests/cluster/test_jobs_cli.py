@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,15 @@ import pytest
 
 from tests.cluster import sdk
 from tests.cluster.helm import Release, release_name
-from tests.cluster.jobs import uid, wait_until
+from tests.cluster.jobs import (
+    BIN,
+    SHORT,
+    assert_logs_by_rank,
+    jobs,
+    uid,
+    wait_until,
+    waited_by_the_cli,
+)
 from tests.cluster.kube import (
     KUBECTL,
     STATE,
@@ -26,17 +33,7 @@ from tests.cluster.kube import (
     restart_process,
 )
 
-SHORT = {"trainerConfig": {"train": {"epochs": 4}, "metrics": {"linger_seconds": 0}}}
-BIN = Path(sys.executable).parent
 EXIT_ERROR = 2  # every error of `jobs` (docs/jobs.md)
-
-
-def jobs(*args: str, kubeconfig: Path = STATE / "kubeconfig",
-         timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig),
-           "PATH": f"{BIN}:{KUBECTL.parent}:{os.environ['PATH']}"}
-    return subprocess.run([str(BIN / "ddp-trainer"), "jobs", *args], capture_output=True,
-                          text=True, env=env, timeout=timeout, check=False)
 
 
 def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
@@ -51,12 +48,8 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, *needles:
 @pytest.fixture(scope="module")
 def done(cluster: Cluster, chart_ref: str, tmp_path_factory: pytest.TempPathFactory) -> Release:
     """A chart job run to the end, found and waited for by `jobs wait`."""
-    release = Release(cluster, release_name(), cluster.namespace("jobscli"), SHORT)
-    release.install(chart_ref, tmp=tmp_path_factory.mktemp("done"))
-    proc = jobs("wait", release.job, "-n", release.namespace, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    assert "Succeeded" in proc.stdout
-    return release
+    return waited_by_the_cli(Release(cluster, release_name(), cluster.namespace("jobscli"), SHORT),
+                             chart_ref, tmp_path_factory.mktemp("done"))
 
 
 def test_list_status_and_logs_show_the_finished_job(done: Release) -> None:
@@ -70,13 +63,7 @@ def test_list_status_and_logs_show_the_finished_job(done: Release) -> None:
     # The Master's pod (a Worker still running when the Master completed is deleted by the
     # chart's cleanPodPolicy: Running, so it may be gone).
     assert f"{done.job}-master-0" in status.stdout and "State:       Succeeded" in status.stdout
-    logs = jobs("logs", done.job, "-n", ns)
-    assert logs.returncode == 0, logs.stderr
-    ranks = {line.split("]")[0] for line in logs.stdout.splitlines() if line.startswith("[rank")}
-    # Every line names its rank; rank 0 logs the progress (the others log warnings only).
-    assert "[rank 0" in ranks and ranks <= {"[rank 0", "[rank 1"}, logs.stdout[-2000:]
-    assert "done:" in logs.stdout
-    assert "[rank 0] [rank 0]" not in logs.stdout  # the trainer's own prefix is kept, once
+    assert_logs_by_rank(done)
     # kubectl sees the same job, and the plugin is the same command.
     got = done.cluster.kubectl("get", "pytorchjobs", "-n", ns, "-o", "name").stdout
     assert f"pytorchjob.kubeflow.org/{done.job}" in got.split()

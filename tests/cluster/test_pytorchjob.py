@@ -10,13 +10,9 @@ from pathlib import Path
 
 from tests.cluster import monitoring
 from tests.cluster.helm import CHART, HELM3, REGISTRY, Release, release_name
-from tests.cluster.jobs import KEEP_RESULTS, finished, uid, wait_until
+from tests.cluster.jobs import KEEP_RESULTS, SHORT, finished, uid, wait_until
 from tests.cluster.kube import Cluster, merged
 from tests.e2e.harness.image import package_version
-
-# A test-sized run for the variants (the default test keeps every default): 4 epochs, the
-# final metrics not served on after the end.
-SHORT = {"trainerConfig": {"train": {"epochs": 4}, "metrics": {"linger_seconds": 0}}}
 
 
 def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(

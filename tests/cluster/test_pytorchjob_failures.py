@@ -13,7 +13,9 @@ from tests.cluster.helm import Release, release_name
 from tests.cluster.jobs import (
     KEEP_OUTPUTS,
     KEEP_RESULTS,
+    MID_RUN,
     Finished,
+    assert_same_as,
     finished,
     kill_container,
     master_checkpoints,
@@ -31,7 +33,6 @@ from tests.cluster.kube import Cluster, KubectlError, merged, restart_process
 FAILOVER: dict[str, Any] = {"trainerConfig": {
     "train": {"epochs": 150}, "dist": {"timeout_seconds": 60},
     "metrics": {"linger_seconds": 0}}}
-MID_RUN = 2  # checkpoints written before the interruption
 
 
 def run(cluster: Cluster, chart_ref: str, tmp: Path, prefix: str,
@@ -50,16 +51,6 @@ def uninterrupted(cluster: Cluster, chart_ref: str,
     found.assert_agrees()
     assert not found.summary.get("resumed_from_step")
     return found
-
-
-def assert_same_as(got: Finished, want: Finished, resumed: bool = True) -> None:
-    got.assert_agrees()
-    if resumed:
-        assert got.summary["resumed_from_step"], got.summary
-    else:
-        assert not got.summary.get("resumed_from_step"), got.summary
-    for key in ("steps", "train_loss", "val_accuracy", "val_correct", "val_total"):
-        assert got.summary[key] == want.summary[key], (key, got.summary, want.summary)
 
 
 def test_a_deleted_worker_pod_is_recreated_and_the_run_ends_as_uninterrupted(

@@ -16,13 +16,11 @@ import yaml
 
 from tests.cluster import monitoring
 from tests.cluster.helm import CHART, HELM4, Release, helm, release_name
-from tests.cluster.jobs import KEEP_RESULTS, finished
+from tests.cluster.jobs import KEEP_RESULTS, SHORT, TRAINJOB, finished
 from tests.cluster.kube import STATE, Cluster, merged
 
-TRAINJOB: dict[str, Any] = {"apiKind": "TrainJob"}
 # Long enough (about 15 s of training) for several of rank 0's reports, one every 5 s.
 REPORTED = {"trainerConfig": {"train": {"epochs": 100}}}
-SHORT = {"trainerConfig": {"train": {"epochs": 4}, "metrics": {"linger_seconds": 0}}}
 
 
 def trainer_status(release: Release) -> dict[str, Any]:

@@ -13,11 +13,20 @@ import pytest
 
 from tests.cluster import sdk
 from tests.cluster.helm import Release, release_name
-from tests.cluster.jobs import KEEP_RESULTS, finished, wait_for_checkpoints, wait_until
+from tests.cluster.jobs import (
+    KEEP_RESULTS,
+    MID_RUN,
+    SHORT,
+    TRAINJOB,
+    assert_logs_by_rank,
+    assert_same_as,
+    finished,
+    jobs,
+    wait_for_checkpoints,
+    wait_until,
+    waited_by_the_cli,
+)
 from tests.cluster.kube import STATE, Cluster, merged
-from tests.cluster.test_jobs_cli import jobs
-from tests.cluster.test_pytorchjob_failures import MID_RUN, assert_same_as
-from tests.cluster.test_trainjob import SHORT, TRAINJOB
 
 # 60 short epochs (about 8 s of training here): the suspension comes after the second
 # checkpoint, and the uninterrupted run beside it shares the two cores.
@@ -42,12 +51,8 @@ def node_pods(release: Release) -> list[str]:
 @pytest.fixture(scope="module")
 def done(cluster: Cluster, chart_ref: str, tmp_path_factory: pytest.TempPathFactory) -> Release:
     """A chart TrainJob run to the end, waited for by `jobs wait`."""
-    release = trainjob(cluster, "tjcli", SHORT)
-    release.install(chart_ref, tmp=tmp_path_factory.mktemp("done"))
-    proc = jobs("wait", release.job, "-n", release.namespace, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    assert "Succeeded" in proc.stdout
-    return release
+    return waited_by_the_cli(trainjob(cluster, "tjcli", SHORT), chart_ref,
+                             tmp_path_factory.mktemp("done"))
 
 
 def test_list_status_and_logs_show_the_finished_trainjob(done: Release) -> None:
@@ -62,11 +67,7 @@ def test_list_status_and_logs_show_the_finished_trainjob(done: Release) -> None:
     assert "100" in status.stdout and "val_accuracy" in status.stdout, status.stdout
     for pod in node_pods(done):
         assert pod in status.stdout
-    logs = jobs("logs", done.job, "-n", ns)
-    assert logs.returncode == 0, logs.stderr
-    ranks = {line.split("]")[0] for line in logs.stdout.splitlines() if line.startswith("[rank")}
-    assert "[rank 0" in ranks and ranks <= {"[rank 0", "[rank 1"}, logs.stdout[-2000:]
-    assert "done:" in logs.stdout and "[rank 0] [rank 0]" not in logs.stdout
+    assert_logs_by_rank(done)
     only = jobs("logs", done.job, "-n", ns, "--rank", "1")
     assert only.returncode == 0 and "[rank 0]" not in only.stdout, only.stdout[-2000:]
 
