@@ -155,18 +155,8 @@ def install_controllers(paths: Paths, bins: dict[str, Path]) -> None:
     api.kubectl(paths, kubectl, "apply", "--server-side", "-f", "-",
                 stdin=json.dumps({"apiVersion": "v1", "kind": "List",
                                   "items": trainer_v2.runtimes()}))
-    found: list[str] = []
-
-    def prometheus_ready() -> bool:
-        url = prometheus_stack.prometheus_url(paths, kubectl)
-        if url and prometheus_stack.answers(url):
-            found.append(url)
-        return bool(found)
-
-    procs.wait_for(prometheus_ready, 240, "the operator's Prometheus pod answering",
-                   paths.logs / "prometheus-operator.log")
-    prometheus_stack.url_file(paths).write_text(found[0] + "\n")
-    log(f"Prometheus {prometheus_stack.PROMETHEUS_VERSION} (prometheus-operator's) at {found[0]}")
+    url = prometheus_stack.wait_for_prometheus(paths, kubectl)
+    log(f"Prometheus {prometheus_stack.PROMETHEUS_VERSION} (prometheus-operator's) at {url}")
 
 
 def restart(paths: Paths, name: str) -> None:
@@ -254,9 +244,8 @@ def up(paths: Paths) -> None:
 
 def down(paths: Paths) -> None:
     """Stops every process `up` started (pods' containers included) and removes the state."""
-    for name in ("prometheus-operator", "trainer-controller-manager", "jobset-controller",
-                 "training-operator",
-                 "local-path-provisioner", "coredns", "kubelet"):
+    for name in (*[c.name for c in reversed(components.HOSTED)], "local-path-provisioner",
+                 "coredns", "kubelet"):
         procs.stop(paths, name)
     _kill_containers()
     for pid in procs.pids_matching(f"-address {paths.containerd_socket}"):

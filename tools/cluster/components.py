@@ -139,21 +139,21 @@ def ready(paths: Paths, component: Component) -> bool:
     return api.ok(component.ready_url, ctx)
 
 
+# The operators run on the host, in the order they start: JobSet before Trainer, which makes
+# JobSets; `down` stops them in the reverse order.
+HOSTED = (operators.OPERATOR, trainer_v2.JOBSET, trainer_v2.TRAINER, prometheus_stack.OPERATOR)
+
+
 def host_controllers(paths: Paths, bins: dict[str, Path]) -> list[tuple[HostController,
                                                                           Component]]:
-    """The operators, in the order they start: JobSet before Trainer, which makes JobSets."""
-    def component(c: HostController, args: list[str],
-                  env: dict[str, str] | None = None) -> Component:
-        return Component(c.name, controllers.argv(paths, c, [str(bins[c.name]), *args]),
-                         f"http://{c.health}{c.ready_path}", user=None, env=env or {})
-    return [
-        (operators.OPERATOR, component(operators.OPERATOR, operators.arguments(paths),
-                                       {"MY_POD_NAMESPACE": operators.OPERATOR.namespace})),
-        (trainer_v2.JOBSET, component(trainer_v2.JOBSET,
-                                      trainer_v2.arguments(paths, trainer_v2.JOBSET))),
-        (trainer_v2.TRAINER, component(trainer_v2.TRAINER,
-                                       trainer_v2.arguments(paths, trainer_v2.TRAINER))),
-        (prometheus_stack.OPERATOR, component(prometheus_stack.OPERATOR,
-                                              prometheus_stack.arguments(),
-                                              prometheus_stack.environment())),
-    ]
+    """Each of HOSTED with the process that runs it."""
+    flags: dict[HostController, tuple[list[str], dict[str, str]]] = {
+        operators.OPERATOR: (operators.arguments(paths),
+                             {"MY_POD_NAMESPACE": operators.OPERATOR.namespace}),
+        trainer_v2.JOBSET: (trainer_v2.arguments(paths, trainer_v2.JOBSET), {}),
+        trainer_v2.TRAINER: (trainer_v2.arguments(paths, trainer_v2.TRAINER), {}),
+        prometheus_stack.OPERATOR: (prometheus_stack.arguments(), prometheus_stack.environment()),
+    }
+    return [(c, Component(c.name, controllers.argv(paths, c, [str(bins[c.name]), *flags[c][0]]),
+                          f"http://{c.health}{c.ready_path}", user=None, env=flags[c][1]))
+            for c in HOSTED]

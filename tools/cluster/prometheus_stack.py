@@ -19,6 +19,7 @@ from typing import Any
 
 import api
 import controllers
+import procs
 import yaml
 from controllers import HostController
 from layout import API_PORT, HERE, NODE_IP, REGISTRY, Paths, Versions
@@ -28,15 +29,16 @@ MODULE = "github.com/prometheus-operator/prometheus-operator"
 NAMESPACE = "monitoring"
 
 
-def prometheus_version() -> str:
+def prometheus_version(module: str) -> str:
     """Prometheus' module versions are v0.<major><minor:02>.<patch>: v0.313.0 is v3.13.0."""
-    number, patch = Versions.read().prometheus.removeprefix("v0.").split(".")
+    number, patch = module.removeprefix("v0.").split(".")
     return f"v{int(number) // 100}.{int(number) % 100}.{patch}"
 
 
-PROMETHEUS_VERSION = prometheus_version()
+_VERSIONS = Versions.read()
+PROMETHEUS_VERSION = prometheus_version(_VERSIONS.prometheus)
 PROMETHEUS_IMAGE = f"{REGISTRY}/prometheus:{PROMETHEUS_VERSION}"
-RELOADER_IMAGE = f"{REGISTRY}/prometheus-config-reloader:{Versions.read().prometheus_operator}"
+RELOADER_IMAGE = f"{REGISTRY}/prometheus-config-reloader:{_VERSIONS.prometheus_operator}"
 OPERATOR = HostController(
     name="prometheus-operator", namespace=NAMESPACE, service_account="prometheus-operator",
     health="127.0.0.1:8094", ready_path="/healthz")
@@ -121,6 +123,22 @@ def environment() -> dict[str, str]:
     return {"KUBERNETES_SERVICE_HOST": NODE_IP, "KUBERNETES_SERVICE_PORT": str(API_PORT)}
 
 
+def wait_for_prometheus(paths: Paths, kubectl: Path) -> str:
+    """The URL of the operator's Prometheus once it answers, written to `url_file`."""
+    found: list[str] = []
+
+    def answering() -> bool:
+        url = prometheus_url(paths, kubectl)
+        if url and api.ok(f"{url}/-/ready"):
+            found.append(url)
+        return bool(found)
+
+    procs.wait_for(answering, 240, "the operator's Prometheus pod answering",
+                   paths.logs / f"{OPERATOR.name}.log")
+    url_file(paths).write_text(found[0] + "\n")
+    return found[0]
+
+
 def prometheus_url(paths: Paths, kubectl: Path) -> str | None:
     """http://<pod IP>:9090 once the operator's Prometheus pod is Ready, else None."""
     proc = api.kubectl(paths, kubectl, "get", "pod", "prometheus-k8s-0", "-n", NAMESPACE,
@@ -137,6 +155,3 @@ def prometheus_url(paths: Paths, kubectl: Path) -> str | None:
 def url_file(paths: Paths) -> Path:
     return paths.state / "prometheus-url"
 
-
-def answers(url: str) -> bool:
-    return api.ok(f"{url}/-/ready")
