@@ -93,6 +93,7 @@ PAYLOAD: dict[str, Any] = {
     "train/samples": 320.0,
     "train/step_seconds": [0.004] * 10,
     "train/data_wait_seconds": 0.001,
+    "train/forward_seconds": 0.002,
     "train/lr": 0.05,
     "train/epoch": 3.0,
     "train/progress_ratio": 0.4,

@@ -173,6 +173,35 @@ def test_the_trainers_steps_match_a_hand_written_loop_bit_for_bit(tmp_path: Path
     assert accuracy == [hits / 256]
 
 
+def test_the_forward_time_reported_is_the_time_spent_in_the_step_function(
+        tmp_path: Path) -> None:
+    # trainer_forward_seconds_total is the straggler alert's measure: the step function's own
+    # time, which the step function measures here itself, and less than the steps' time.
+    import time
+
+    inside: list[float] = []
+
+    class Timed(ClassificationStep):
+        def __call__(self, model: Any, batch: Any) -> Any:
+            t0 = time.perf_counter()
+            out = super().__call__(model, batch)
+            inside.append(time.perf_counter() - t0)
+            return out
+
+    ctx, parts = _ALONE, _hand_made_parts(5)
+    parts.step = Timed()
+    cfg = JobConfig()
+    cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 1, 16, str(tmp_path)
+    sink = _Recorder()
+    build_trainer(cfg, ctx, parts, sink).train()
+    reports = [m for m, _ in sink.logged if "train/forward_seconds" in m]
+    forward = sum(m["train/forward_seconds"] for m in reports)
+    steps = sum(sum(m["train/step_seconds"]) for m in reports)
+    # The step function also runs in the checks before training (check_output); the last 16
+    # calls are the epoch's steps.
+    assert len(inside) > 16 and sum(inside[-16:]) <= forward < steps
+
+
 def test_an_optimizer_that_overrides_zero_grad_keeps_its_own(tmp_path: Path) -> None:
     calls = []
 

@@ -3,12 +3,50 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
 from trainer.steps import Tally, counts_vector
+
+
+class ForwardClock:
+    """Seconds this rank spends in the step function (forward and loss): its own compute,
+    with neither the data wait nor the gradients' all-reduce in it. DDP synchronises every
+    step, so a slow rank's step time equals its peers' (they wait for it in the all-reduce);
+    this is where it differs (docs/metrics.md, DDPTrainerStragglerRank). On CUDA the host
+    returns before the kernels run, so it is timed by events on the current stream, read
+    after the interval's sync."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.host = 0.0
+        self._started = 0.0
+        self._events: list[torch.cuda.Event] = []
+
+    def start(self) -> None:
+        if self.cuda:
+            self._record()
+        else:
+            self._started = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self._record()
+        else:
+            self.host += time.perf_counter() - self._started
+
+    def _record(self) -> None:
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        self._events.append(event)
+
+    def seconds(self) -> float:
+        """The total; on CUDA only after a sync of the stream (Interval.totals)."""
+        pairs = zip(self._events[0::2], self._events[1::2], strict=True)
+        return self.host + sum(float(a.elapsed_time(b)) for a, b in pairs) / 1000
 
 
 class Interval:
@@ -31,6 +69,7 @@ class Interval:
         """Items scored (the step's count: samples, or non-ignored tokens)."""
         self.samples = 0
         self.wait = 0.0
+        self.forward = ForwardClock(device)
         self.step_times: list[float] = []
         self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
         """Largest pre-clip gradient norm of the interval (only when clipping)."""

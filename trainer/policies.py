@@ -127,4 +127,5 @@ class Policies:
             epochs=interval.epochs, correct=correct, count=count, grad_norm=grad_norm,
             lr=float(self.optimizer.param_groups[0]["lr"]), samples=interval.samples,
             step_seconds=interval.step_times, data_wait_seconds=interval.wait,
+            forward_seconds=interval.forward.seconds(),
             skipped=interval.skipped))

@@ -49,6 +49,7 @@ class IntervalReport:
     samples: int
     step_seconds: list[float]
     data_wait_seconds: float
+    forward_seconds: float
     skipped: int
 
 
@@ -97,6 +98,7 @@ class Reporter:
             "train/samples": float(r.samples),
             "train/step_seconds": r.step_seconds,
             "train/data_wait_seconds": r.data_wait_seconds,
+            "train/forward_seconds": r.forward_seconds,
             "train/lr": r.lr,
             "train/skipped_steps": float(r.skipped),
             "train/epoch": float(r.epoch),

@@ -182,7 +182,9 @@ class Trainer:
             # Gradients are all-reduced only on the last micro-batch of an accumulation.
             with loop.grad_comm if j == k - 1 or loop.ddp is None else loop.ddp.no_sync():
                 with precision.autocast(), self._compiled():
+                    interval.forward.start()
                     out = as_output(self.step_fn(self.model, batch))
+                    interval.forward.stop()
                 loss = out.loss
                 precision.backward(loss / k if k > 1 else loss)
             losses.append(loss.detach())

@@ -15,12 +15,14 @@ import yaml
 from .chartlib import (
     CHART,
     NAMESPACE,
+    RELEASE,
     REPO,
     VALUE_SETS,
     find,
     one,
     pod_templates,
     render,
+    run_helm,
     trainer_container,
 )
 
@@ -414,13 +416,36 @@ def test_dashboard_configmap_is_labelled_for_the_grafana_sidecar(helm4: str) -> 
     assert default and default[0]["metadata"]["namespace"] == NAMESPACE
 
 
-def test_prometheus_rule_wraps_the_groups_of_the_alerts_file(helm4: str) -> None:
-    alerts_file = CHART / "files" / "alerts.yaml"
-    assert alerts_file.is_file(), "charts/ddp-trainer/files/alerts.yaml is missing (metrics area)"
+def test_the_alerts_file_is_the_chart_rules_rendered_with_the_defaults(helm4: str) -> None:
+    sys.path.insert(0, str(REPO / "tools"))
+    from alerts import ALERTS, generated
+
     rule = one(render(helm4), "PrometheusRule")
-    groups = yaml.safe_load(alerts_file.read_text())["groups"]
-    assert groups, "files/alerts.yaml has no groups"
-    assert rule["spec"]["groups"] == groups
+    assert ALERTS.read_text() == generated(helm4), "run .venv/bin/python tools/alerts.py"
+    assert rule["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+
+
+def test_alert_thresholds_and_durations_come_from_the_values(helm4: str) -> None:
+    sets = ("metrics.prometheusRule.alerts.stalled.seconds=30",
+            "metrics.prometheusRule.alerts.stalled.for=10s",
+            "metrics.prometheusRule.alerts.lossExploding.factor=3",
+            "metrics.prometheusRule.alerts.lossExploding.window=10m",
+            "metrics.prometheusRule.alerts.lossExploding.resolution=5s",
+            "metrics.prometheusRule.alerts.restarting.count=1")
+    rule = one(render(helm4, sets=sets), "PrometheusRule")
+    by_name = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+    stalled, exploding = by_name["DDPTrainerTrainingStalled"], by_name["DDPTrainerLossExploding"]
+    assert ") > 30\n" in stalled["expr"] and stalled["for"] == "10s"
+    assert "> 3 * min_over_time(" in exploding["expr"] and "[10m:5s])" in exploding["expr"]
+    assert "of the last 10m" in exploding["annotations"]["description"]
+    assert by_name["DDPTrainerRestarting"]["expr"].rstrip().endswith(">= 1")
+
+
+def test_a_malformed_alert_duration_fails_the_install(helm4: str) -> None:
+    proc = run_helm(helm4, "template", RELEASE, str(CHART),
+                    "--set", "metrics.prometheusRule.alerts.stalled.for=2 minutes")
+    assert proc.returncode != 0
+    assert "/metrics/prometheusRule/alerts/stalled/for" in proc.stderr, proc.stderr
 
 
 def test_monitoring_off_renders_no_monitoring_objects(helm4: str) -> None:

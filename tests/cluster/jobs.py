@@ -189,6 +189,22 @@ def kill_container(release: Release, pod: str, signal: str = "SIGKILL") -> None:
                    check=True, capture_output=True, text=True)
 
 
+def cpu_quota_file(release: Release, pod: str) -> Path:
+    """The CFS quota file of the pod's trainer container (cgroup v1 `cpu` controller, as the
+    kubelet set it from the container's CPU limit): writing it throttles the container as a
+    lower limit, or a noisy neighbour, would."""
+    cid = container_id(release, pod)
+    tasks = subprocess.run(["ctr", "--address", str(node_paths().containerd_socket), "-n",
+                            "k8s.io", "task", "ls"], check=True, capture_output=True,
+                           text=True).stdout
+    (pid,) = [line.split()[1] for line in tasks.splitlines() if line.startswith(cid)]
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return Path("/sys/fs/cgroup/cpu") / path.lstrip("/") / "cpu.cfs_quota_us"
+    raise AssertionError(f"no cgroup v1 cpu controller for pid {pid} of {pod}")
+
+
 def restarts(release: Release, pod: str) -> tuple[int, int | None]:
     """(restart count, the last terminated exit code) of the pod's trainer container."""
     status = release.cluster.get("pod", pod, release.namespace)["status"]

@@ -106,3 +106,38 @@ def assert_final_values_scraped(selector: str, summary: dict[str, Any]) -> None:
     accuracy = query(f'last_over_time(trainer_global_accuracy_ratio{{{selector},'
                      f'split="val",rank="0"}}{window})')
     assert [float(a["value"][1]) for a in accuracy] == [summary["val_accuracy"]], accuracy
+
+
+def alerts_values(**by_alert: dict[str, Any]) -> dict[str, Any]:
+    """Chart values for short alert thresholds (metrics.prometheusRule.alerts)."""
+    return {"metrics": {"prometheusRule": {"alerts": by_alert}}}
+
+
+def job_alerts(release: Release, alert: str) -> list[dict[str, Any]]:
+    """`alert`'s alerts for the release's job, from the rules of the release's own
+    PrometheusRule (prometheus-operator names the rule file `<namespace>-<name>-<uid>.yaml`):
+    every release of the chart loads the rules for all jobs, with its own thresholds."""
+    with urllib.request.urlopen(f"{prometheus()}/api/v1/rules?type=alert", timeout=10) as answer:
+        groups = json.load(answer)["data"]["groups"]
+    own = f"{release.namespace}-{release.job}-"
+    return [a for g in groups if g["file"].rsplit("/", 1)[-1].startswith(own)
+            for rule in g["rules"] if rule["name"] == alert
+            for a in rule["alerts"]
+            if a["labels"].get("namespace") == release.namespace
+            and a["labels"].get("pytorchjob") == release.job]
+
+
+def wait_for_alert(release: Release, alert: str, state: str = "firing",
+                   timeout: float = 120) -> dict[str, Any]:
+    """The first of the job's `alert` alerts in `state` (pending, firing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [a for a in job_alerts(release, alert) if a["state"] == state]
+        if found:
+            return found[0]
+        time.sleep(1)
+    with urllib.request.urlopen(f"{prometheus()}/api/v1/rules?type=alert", timeout=10) as answer:
+        files = sorted({g["file"] for g in json.load(answer)["data"]["groups"]})
+    raise AssertionError(f"{alert} not {state} for {release.namespace}/{release.job} after "
+                         f"{timeout} s; its alerts: {job_alerts(release, alert)}; rule files: "
+                         f"{files}")

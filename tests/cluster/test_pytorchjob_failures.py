@@ -25,6 +25,7 @@ from tests.cluster.jobs import (
     wait_until,
 )
 from tests.cluster.kube import Cluster, KubectlError, merged, restart_process
+from tests.cluster.monitoring import alerts_values, job_alerts, wait_for_alert
 
 # The chart's defaults (1 Master + 1 Worker, epoch-end checkpoints, `OnFailure`) sized for the
 # tests: 150 short epochs (about 20 s of training here) leave time to interrupt after the
@@ -82,15 +83,45 @@ def test_a_sigkilled_worker_restarts_in_place_and_the_run_ends_as_uninterrupted(
     assert got.summary["resumed_from_step"] >= step
 
 
-def test_every_pod_deleted_resumes_from_the_checkpoint_claim_as_uninterrupted(
+def test_every_pod_deleted_resumes_from_the_checkpoint_claim_as_uninterrupted_and_alerts(
         cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
-    release = run(cluster, chart_ref, tmp_path, "drain", KEEP_RESULTS)
+    # DDPTrainerRestarting at one restart instead of two: the pods made anew are new series
+    # (new pod IPs) that start at the ranks' restart count, 1.
+    release = run(cluster, chart_ref, tmp_path, "drain", KEEP_RESULTS,
+                  alerts_values(restarting={"count": 1}))
     step = wait_for_checkpoints(release, MID_RUN)
     cluster.kubectl("delete", "pod", "-n", release.namespace, "-l",
                     f"training.kubeflow.org/job-name={release.job}", "--wait=false")
     got = finished(release)
     assert_same_as(got, uninterrupted)
     assert got.summary["resumed_from_step"] >= step
+    alert = wait_for_alert(release, "DDPTrainerRestarting")
+    assert float(alert["value"]) == 1.0, alert
+
+
+def test_a_stopped_rank_fires_the_stall_alert_and_continued_ends_as_uninterrupted(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
+    # A rank frozen mid-run (SIGSTOP of the Worker's trainer: a hung collective or data
+    # loader looks the same from outside): the Master waits in the all-reduce, no rank steps,
+    # and the stall alert fires after 10 s + 5 s instead of 10 min + 2 min; the collective
+    # timeout is raised so that the wait outlasts the alert. Continued (SIGCONT), the run
+    # ends without a restart and with the uninterrupted numbers; the alert resolves.
+    release = run(cluster, chart_ref, tmp_path, "stall", KEEP_OUTPUTS,
+                  {"trainerConfig": {"dist": {"timeout_seconds": 180}}},
+                  alerts_values(stalled={"seconds": 10, "for": "5s"}))
+    wait_for_checkpoints(release, MID_RUN)
+    worker = release.pod("worker")
+    kill_container(release, worker, "SIGSTOP")
+    try:
+        alert = wait_for_alert(release, "DDPTrainerTrainingStalled", timeout=150)
+    finally:
+        kill_container(release, worker, "SIGCONT")
+    assert float(alert["value"]) > 10, alert
+    wait_until(lambda: not job_alerts(release, "DDPTrainerTrainingStalled"),
+               "the stall alert resolved")
+    got = finished(release)
+    assert_same_as(got, uninterrupted, resumed=False)
+    assert restarts(release, release.pod("master"))[0] == 0
 
 
 def test_the_operator_and_the_api_server_restarted_mid_run_leave_training_untouched(

@@ -58,6 +58,7 @@ def test_every_series_exists_at_zero_before_the_first_log() -> None:
         "trainer_steps_total",
         "trainer_samples_total",
         "trainer_data_wait_seconds_total",
+        "trainer_forward_seconds_total",
         "trainer_restarts_total",
         "trainer_step_duration_seconds_count",
         "trainer_learning_rate",
@@ -106,6 +107,7 @@ def test_train_interval_log_sets_gauges_and_accumulates_counters() -> None:
         "train/samples": 320,
         "train/step_seconds": [0.004] * 8 + [0.2, 3.0],
         "train/data_wait_seconds": 0.125,
+        "train/forward_seconds": 0.5,
         "train/lr": 0.05,
         "train/grad_norm": 3.5,
         "train/skipped_steps": 2,
@@ -120,6 +122,7 @@ def test_train_interval_log_sets_gauges_and_accumulates_counters() -> None:
     assert get(reg, "trainer_steps_total", rank="0") == 20
     assert get(reg, "trainer_samples_total", rank="0") == 640
     assert get(reg, "trainer_data_wait_seconds_total", rank="0") == 0.25
+    assert get(reg, "trainer_forward_seconds_total", rank="0") == 1.0
     assert get(reg, "trainer_learning_rate", rank="0") == 0.05
     assert get(reg, "trainer_grad_norm", rank="0") == 3.5
     assert get(reg, "trainer_skipped_steps_total", rank="0") == 4

@@ -119,6 +119,11 @@ class TrainerMetrics:
             "Seconds this rank was blocked waiting for the next batch from the DataLoader; "
             "its rate is the fraction of wall time the rank is input-bound.",
         )
+        self.forward = counter(
+            "trainer_forward_seconds",
+            "Seconds this rank spent in the step function (forward and loss), without the "
+            "data wait and the gradient all-reduce; per step, a straggler's exceeds its peers'.",
+        )
         self.restarts = counter(
             "trainer_restarts",
             "Restarts of the worker group (TORCHELASTIC_RESTART_COUNT) or of the pod "
@@ -224,6 +229,7 @@ class TrainerMetrics:
             "train/samples": self._incrementer(self.samples),
             "train/step_seconds": self._observe_steps,
             "train/data_wait_seconds": self._incrementer(self.data_wait),
+            "train/forward_seconds": self._incrementer(self.forward),
             "train/lr": self._setter(self.lr),
             "train/grad_norm": self._setter(self.grad_norm),
             "train/skipped_steps": self._incrementer(self.skipped_steps),

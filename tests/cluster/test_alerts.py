@@ -1,0 +1,109 @@
+"""Alerts of the chart's PrometheusRule firing on the real monitoring stack (prometheus-operator
+loads the rule, Prometheus evaluates it on what it scraped from the ranks), caused as in
+production: a learning rate that is too high, a throttled rank. Thresholds shortened through
+the chart's values (metrics.prometheusRule.alerts), never the rules themselves. The stall and
+restart alerts fire in test_pytorchjob_failures.py, on the interruptions made there."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.helm import Release, release_name
+from tests.cluster.jobs import container_id, cpu_quota_file, restarts, wait_until
+from tests.cluster.kube import Cluster, merged
+from tests.cluster.monitoring import alerts_values, job_alerts, query, wait_for_alert
+
+# The chart's PodMonitor scrapes every 15 s; these runs last about a minute.
+FAST_SCRAPES: dict[str, Any] = {"metrics": {"podMonitor": {"interval": "5s"}}}
+# SGD warmed up towards a learning rate 400 times the default, as a mistyped lr would: while
+# the rate is small the loss falls (to about 0.01 by step 400 with this seed, 2 ranks of 64),
+# then near lr 1 (step 1300) the network blows up and its loss stays at chance level (2.3):
+# 3240 steps, about 50 s here.
+EXPLODING: dict[str, Any] = {
+    "trainerConfig": {"optim": {"lr": 20.0, "warmup_steps": 25000}, "train": {"epochs": 270},
+                      "metrics": {"linger_seconds": 0}},
+    **FAST_SCRAPES}
+# A learning rate of 1e6: NaN within the first log interval; the ranks stop together with
+# TrainingDiverged (exit 3) and serve the NaN for metrics.linger_seconds before they leave.
+NOT_FINITE: dict[str, Any] = {"trainerConfig": {
+    "optim": {"lr": 1e6}, "metrics": {"linger_seconds": 30}}}
+
+
+@pytest.fixture(scope="module")
+def diverging(cluster: Cluster, chart_ref: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Release]]:
+    """Both runs installed at once (they share the node's two cores); deleted after, the NaN
+    one restarting and failing until then."""
+    runs = {
+        "exploding": merged(EXPLODING, alerts_values(lossExploding={
+            "window": "10m", "resolution": "5s", "for": "5s"})),
+        "nan": NOT_FINITE,
+    }
+    releases = {}
+    for prefix, values in runs.items():
+        release = Release(cluster, release_name(), cluster.namespace(prefix), values)
+        release.install(chart_ref, tmp=tmp_path_factory.mktemp(prefix))
+        releases[prefix] = release
+    yield releases
+    for release in releases.values():
+        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false")
+
+
+def test_a_learning_rate_too_high_fires_the_exploding_loss_alert(
+        diverging: dict[str, Release]) -> None:
+    release = diverging["exploding"]
+    alert = wait_for_alert(release, "DDPTrainerLossExploding", timeout=240)
+    selector = f'namespace="{release.namespace}",pytorchjob="{release.job}"'
+    (lowest,) = query(f'min_over_time((trainer_loss{{{selector},split="train",'
+                      f'rank="{alert["labels"]["rank"]}"}} > 0)[10m:5s])')
+    assert float(alert["value"]) > 4 * float(lowest["value"][1]), (alert, lowest)
+    release.wait_condition("Succeeded")  # finite throughout: it blew up, it did not fail
+
+
+def test_a_nan_loss_fires_the_not_finite_alert_and_the_ranks_stop(
+        diverging: dict[str, Release]) -> None:
+    release = diverging["nan"]
+    alert = wait_for_alert(release, "DDPTrainerLossNotFinite")
+    assert alert["labels"]["split"] == "train" and not math.isfinite(float(alert["value"]))
+    master = release.pod("master")
+    wait_until(lambda: restarts(release, master)[1] == 3,
+               "the Master exited 3 (TrainingDiverged) and was restarted")
+    log = release.cluster.kubectl("logs", master, "-n", release.namespace, "--previous").stdout
+    assert "error: training loss became " in log and "(fix: lower --lr" in log, log[-2000:]
+
+
+def test_a_throttled_rank_fires_the_straggler_alert_for_that_rank_only(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    # The Worker's CPU quota cut from its limit (2 CPUs) to 0.2 CPU mid-run. Its step time
+    # stays its peer's (the Master waits for it in the all-reduce); its compute per step
+    # does not.
+    values = merged({"trainerConfig": {"train": {"epochs": 3000},
+                                       "metrics": {"linger_seconds": 0}}}, FAST_SCRAPES,
+                    alerts_values(straggler={"window": "30s", "for": "10s"}))
+    release = Release(cluster, release_name(), cluster.namespace("straggler"), values)
+    release.install(chart_ref, tmp=tmp_path)
+    try:
+        container_id(release, release.pod("master"))
+        quota = cpu_quota_file(release, release.pod("worker"))
+        quota.write_text("20000\n")  # of the 100 ms CFS period
+        alert = wait_for_alert(release, "DDPTrainerStragglerRank", timeout=180)
+        assert alert["labels"]["rank"] == "1", alert
+        assert [a["labels"]["rank"] for a in job_alerts(release, "DDPTrainerStragglerRank")] \
+            == ["1"]
+        selector = f'namespace="{release.namespace}",pytorchjob="{release.job}"'
+        step = {s["metric"]["rank"]: float(s["value"][1]) for s in query(
+            f"rate(trainer_step_duration_seconds_sum{{{selector}}}[30s]) / "
+            f"rate(trainer_step_duration_seconds_count{{{selector}}}[30s])")}
+        forward = {s["metric"]["rank"]: float(s["value"][1]) for s in query(
+            f"rate(trainer_forward_seconds_total{{{selector}}}[30s]) / "
+            f"rate(trainer_steps_total{{{selector}}}[30s])")}
+        print(f"per step, rank 0/1: step {step}, compute {forward}")
+        assert forward["1"] > 1.3 * forward["0"]
+        assert step["1"] < 1.3 * step["0"] and step["0"] < 1.3 * step["1"]
+    finally:
+        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false")
