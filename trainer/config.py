@@ -342,6 +342,27 @@ def _section_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+CONFIG_VERSION = 1
+"""Layout version of the config a checkpoint stores (as `config_version`; checkpoints written
+before versions have none: 0). Renaming or moving a field bumps it and adds the step from the
+previous version to MIGRATIONS, so that older checkpoints still evaluate and resume."""
+MIGRATIONS: dict[int, typing.Callable[[dict[str, Any]], dict[str, Any]]] = {
+    0: lambda config: config,  # the first versioned layout is the unversioned one
+}
+
+
+def saved_config(state: typing.Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A checkpoint's config in this version's layout."""
+    config, version = state["config"], state.get("config_version", 0)
+    if not isinstance(version, int) or not 0 <= version <= CONFIG_VERSION:
+        raise ConfigError(f"{source}: config version {version!r}, this ddp-trainer reads "
+                          f"versions up to {CONFIG_VERSION}",
+                          "use the ddp-trainer release that wrote it, or a newer one")
+    for step in range(version, CONFIG_VERSION):
+        config = MIGRATIONS[step](config)
+    return dict(config)
+
+
 def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
     """Apply a nested mapping `{section: {key: value}}` onto `cfg`, checking every key."""
     if not isinstance(overrides, dict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trainer.config import saved_config
 from trainer.errors import CheckpointError, first_line
 
 TRAINING_KEYS = ("config", "model", "optimizer", "epoch", "step", "sampler", "rng_cpu",
@@ -60,7 +61,7 @@ def load_checked(state: dict[str, Any], current: Mapping[str, Any], where: str,
                  load: Callable[[dict[str, Any]], None]) -> None:
     """`load(state)` after checking that `state` was written for the `current` config: the
     optimizer's kind must match and the state must load; CheckpointError otherwise."""
-    differing = differing_keys(state["config"], current)
+    differing = differing_keys(saved_config(state, f"checkpoint {where}"), current)
     if any(item.startswith("optim.name:") for item in differing):
         raise refuse(where, differing, "")
     try:

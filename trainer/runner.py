@@ -18,7 +18,7 @@ from trainer import __version__, checkpoint
 from trainer.agreement import agree_resume, collective
 from trainer.build import Workload, build_parts, build_trainer, check_strategy
 from trainer.compiling import check_available
-from trainer.config import JobConfig, merge, validate
+from trainer.config import JobConfig, merge, saved_config, validate
 from trainer.distributed import DistContext
 from trainer.errors import CheckpointError, ConfigError, DataError
 from trainer.evaluation import evaluate
@@ -158,7 +158,7 @@ def _scoring_config(state: dict[str, Any], path: str, dataset_spec: str | None,
                     timeout_seconds: float | None, given: dict[str, Any]) -> JobConfig:
     """The checkpoint's config with `dataset_spec` and the timeout put in, validated; a part
     that fit() was given as an object must be `given` again: the config cannot rebuild it."""
-    cfg = merge(JobConfig(), state["config"], f"checkpoint {path}")
+    cfg = merge(JobConfig(), saved_config(state, f"checkpoint {path}"), f"checkpoint {path}")
     if dataset_spec:
         cfg.data.dataset = dataset_spec
     if timeout_seconds is not None:

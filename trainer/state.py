@@ -65,6 +65,8 @@ class TrainingState:
     """The schedule's length as planned when the run started, whatever the world size now."""
     precision: dict[str, Any]
     config: dict[str, Any]
+    config_version: int
+    """trainer.config.CONFIG_VERSION when written (0: before versions)."""
     objects: dict[str, str]
     """Parts given to fit() as objects (see build.Workload)."""
     class_names: list[str]
@@ -87,6 +89,7 @@ class TrainingState:
             updates=int(state.get("updates", state["step"])),
             schedule_total_steps=int(state.get("schedule_total_steps") or 0),
             precision=dict(state.get("precision") or {}), config=state["config"],
+            config_version=int(state.get("config_version", 0)),
             objects=dict(state.get("objects") or {}),
             class_names=list(state.get("class_names") or []))
 

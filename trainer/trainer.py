@@ -17,7 +17,7 @@ import torch.distributed as dist
 from trainer.agreement import Resumed, collective
 from trainer.batching import plan_batches
 from trainer.compiling import compile_errors
-from trainer.config import JobConfig
+from trainer.config import CONFIG_VERSION, JobConfig
 from trainer.distributed import DistContext
 from trainer.evaluation import EvalResult, local_sums, reduce_sums, result
 from trainer.interval import Interval
@@ -67,7 +67,8 @@ class Trainer:
             rng_cuda=torch.cuda.get_rng_state() if self.ctx.device.type == "cuda" else None,
             updates=p.updates,
             schedule_total_steps=self.schedule.total_steps if self.schedule else 0,
-            precision=self.precision.state_dict(), config=self._config, objects=self.objects,
+            precision=self.precision.state_dict(), config=self._config,
+            config_version=CONFIG_VERSION, objects=self.objects,
             class_names=list(self.parts.class_names or []))
 
     def _restore(self, state: TrainingState) -> None:
