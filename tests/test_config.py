@@ -109,6 +109,6 @@ def test_every_config_field_has_a_docstring() -> None:
 def test_flag_help_is_the_field_docstring() -> None:
     help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()  # type: ignore[union-attr]
     docs = field_docs()
-    for flag, (section, key, _) in CONFIG_FLAGS.items():
+    for flag, (section, key) in CONFIG_FLAGS.items():
         assert flag in help_text
         assert docs[(section, key)].split()[0] in help_text

@@ -17,7 +17,7 @@ from trainer.config import JobConfig  # noqa: E402
 
 
 def rows() -> list[str]:
-    flags = {(section, key): flag for flag, (section, key, _) in CONFIG_FLAGS.items()}
+    flags = {(section, key): flag for flag, (section, key) in CONFIG_FLAGS.items()}
     docs = field_docs()
     out = ["| key | default | flag | meaning |", "|---|---|---|---|"]
     cfg = JobConfig()

@@ -14,6 +14,7 @@ import logging
 import os
 import pathlib
 import sys
+import typing
 import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -22,28 +23,35 @@ from trainer import __version__
 from trainer.config import DistConfig, JobConfig, build_config, check_timeout
 from trainer.errors import RankLost, TrainerError
 
-# flag -> (section, key, type)
-CONFIG_FLAGS: dict[str, tuple[str, str, type]] = {
-    "--dataset": ("data", "dataset", str),
-    "--val-fraction": ("data", "val_fraction", float),
-    "--model": ("model", "name", str),
-    "--step": ("train", "step", str),
-    "--lr": ("optim", "lr", float),
-    "--epochs": ("train", "epochs", int),
-    "--max-steps": ("train", "max_steps", int),
-    "--batch-size": ("train", "batch_size", int),
-    "--seed": ("train", "seed", int),
-    "--strategy": ("train", "strategy", str),
-    "--sampler": ("train", "sampler", str),
-    "--log-every": ("train", "log_every", int),
-    "--device": ("train", "device", str),
-    "--checkpoint-dir": ("checkpoint", "dir", str),
-    "--checkpoint-every": ("checkpoint", "every", int),
-    "--timeout": ("dist", "timeout_seconds", float),
-    "--metrics-port": ("metrics", "port", int),
-    "--metrics-bind-address": ("metrics", "bind_address", str),
-    "--output-dir": ("output", "dir", str),
+# flag -> (section, key): a shortcut for one config field; its type and help are the field's.
+CONFIG_FLAGS: dict[str, tuple[str, str]] = {
+    "--dataset": ("data", "dataset"),
+    "--val-fraction": ("data", "val_fraction"),
+    "--model": ("model", "name"),
+    "--step": ("train", "step"),
+    "--lr": ("optim", "lr"),
+    "--epochs": ("train", "epochs"),
+    "--max-steps": ("train", "max_steps"),
+    "--batch-size": ("train", "batch_size"),
+    "--seed": ("train", "seed"),
+    "--strategy": ("train", "strategy"),
+    "--sampler": ("train", "sampler"),
+    "--log-every": ("train", "log_every"),
+    "--device": ("train", "device"),
+    "--checkpoint-dir": ("checkpoint", "dir"),
+    "--checkpoint-every": ("checkpoint", "every"),
+    "--timeout": ("dist", "timeout_seconds"),
+    "--metrics-port": ("metrics", "port"),
+    "--metrics-bind-address": ("metrics", "bind_address"),
+    "--output-dir": ("output", "dir"),
 }
+
+
+def flag_type(section: str, key: str) -> type:
+    """The config field's type (every flag's field is a str, int or float)."""
+    hint = typing.get_type_hints(type(getattr(JobConfig(), section)))[key]
+    assert hint in (str, int, float), (section, key, hint)
+    return hint  # type: ignore[no-any-return]
 
 
 @functools.cache
@@ -74,7 +82,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="YAML config file (sections as in the README); flags override it")
     docs = field_docs()
-    for flag, (section, key, typ) in CONFIG_FLAGS.items():
+    for flag, (section, key) in CONFIG_FLAGS.items():
+        typ = flag_type(section, key)
         p.add_argument(flag, type=typ, default=None, metavar=typ.__name__.upper(),
                        help=f"{docs[(section, key)]} [{section}.{key}]")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -92,7 +101,7 @@ def cli_overrides(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any
     from trainer.config import parse_set
 
     flags: dict[str, Any] = {}
-    for flag, (section, key, _) in CONFIG_FLAGS.items():
+    for flag, (section, key) in CONFIG_FLAGS.items():
         value = _flag_value(ns, flag)
         if value is not None:
             flags.setdefault(section, {})[key] = value
@@ -101,7 +110,7 @@ def cli_overrides(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any
 
 def _overridden(ns: argparse.Namespace) -> list[tuple[str, str]]:
     """(flag, --set item) pairs that set the same key; the flag wins."""
-    keys = {f"{section}.{key}": flag for flag, (section, key, _) in CONFIG_FLAGS.items()
+    keys = {f"{section}.{key}": flag for flag, (section, key) in CONFIG_FLAGS.items()
             if _flag_value(ns, flag) is not None}
     return [(keys[name], item) for item in ns.set
             if (name := item.partition("=")[0]) in keys]
@@ -133,7 +142,7 @@ def _config(ns: argparse.Namespace) -> JobConfig:
 
     cfg = build_config(ns.config, *cli_overrides(ns))
     for flag, item in _overridden(ns):
-        section, key, _ = CONFIG_FLAGS[flag]
+        section, key = CONFIG_FLAGS[flag]
         value = _flag_value(ns, flag)
         by_set = getattr(getattr(merge(JobConfig(), parse_set([item]), "--set"), section), key)
         if by_set != value:
