@@ -7,6 +7,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -125,6 +126,8 @@ def build_model(cfg: ModelConfig, num_classes: int | None, sample_shape: tuple[i
         raise ConfigError(f"model.name {cfg.name!r} takes num_classes, but the dataset neither "
                           "defines num_classes nor exposes its labels (targets or labels)",
                           "set data.num_classes (or model.options.num_classes)")
+    if cfg.name in _builtins(cfg):
+        _check_fits(cfg.name, factory, kwargs)
     torch.manual_seed(seed)
     model = plugins.call(factory, kwargs, f"model.name {cfg.name!r}",
                          "fix the model callable or model.options")
@@ -133,6 +136,41 @@ def build_model(cfg: ModelConfig, num_classes: int | None, sample_shape: tuple[i
                                   "not a torch.nn.Module",
                                   "return an nn.Module instance from the callable")
     return model
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate: MemAvailable, or less under a cgroup memory
+    limit (a pod's); None where neither can be read."""
+    found: list[int] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for limit, usage in (("memory.max", "memory.current"),  # cgroup v2, then v1
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            cgroup = Path("/sys/fs/cgroup")
+            found.append(int((cgroup / limit).read_text()) - int((cgroup / usage).read_text()))
+        except (OSError, ValueError):  # no such file, or "max": no limit
+            continue
+    return min(found) if found else None
+
+
+def _check_fits(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """A built-in model whose float32 weights alone exceed the memory left is one line, not
+    a process that initialises terabytes until the OOM killer ends it. Counted on the meta
+    device: nothing allocated."""
+    with torch.device("meta"):
+        params = sum(p.numel() for p in factory(**kwargs).parameters())
+    free = available_memory()
+    if free is not None and 4 * params > free:
+        raise ConfigError(
+            f"model.name {name!r} with these sizes has {params:.3g} parameters: "
+            f"{4 * params / 1e9:.3g} GB of float32 weights, more than the {free / 1e9:.3g} GB "
+            "of memory left",
+            "lower model.hidden_sizes / model.cnn_channels, or data.num_classes")
 
 
 def _names(factory: Any, parameter: str) -> bool:

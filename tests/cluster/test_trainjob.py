@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import yaml
 from tests.cluster import monitoring
 from tests.cluster.helm import CHART, HELM4, Release, helm, release_name
 from tests.cluster.jobs import KEEP_RESULTS, SHORT, TRAINJOB, finished
-from tests.cluster.kube import STATE, Cluster, merged
+from tests.cluster.kube import STATE, Cluster, merged, restart_process
 
 # Long enough (about 15 s of training) for several of rank 0's reports, one every 5 s.
 REPORTED = {"trainerConfig": {"train": {"epochs": 100}}}
@@ -144,3 +146,39 @@ def test_two_processes_per_node_run_as_world_size_4(
     job = cluster.get("trainjob", release.job, ns)
     assert job["spec"]["trainer"]["numProcPerNode"] == 2
 
+
+
+@contextmanager
+def trainer_feature_gate(gate: str, enabled: bool) -> Iterator[None]:
+    """Trainer restarted with a feature gate set in its configuration file (as its Helm
+    values set it on a cluster), and restarted as it was after."""
+    config = STATE / "config" / "trainer-controller-manager.yaml"
+    before = config.read_text()
+    settings = yaml.safe_load(before)
+    settings.setdefault("featureGates", {})[gate] = enabled
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    restart_process("trainer-controller-manager")
+    try:
+        yield
+    finally:
+        config.write_text(before)
+        restart_process("trainer-controller-manager")
+
+
+def test_with_the_status_gate_off_nothing_is_sent_and_the_job_completes(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    # A cluster that has not enabled KEP-2779 (TrainJobStatus is alpha in v2.3.0): Trainer
+    # gives the pods no status server to report to, the trainer sends nothing and warns of
+    # nothing, and the TrainJob completes without a trainerStatus.
+    with trainer_feature_gate("TrainJobStatus", False):
+        ns = cluster.namespace("gateoff")
+        release = Release(cluster, release_name(), ns, merged(KEEP_RESULTS, TRAINJOB, SHORT))
+        release.install(chart_ref, tmp=tmp_path)
+        found = finished(release)
+    found.assert_agrees()
+    assert "trainerStatus" not in cluster.get("trainjob", release.job, ns).get("status", {})
+    pod = cluster.get("pod", release.rank0_pod(), ns)
+    (node,) = [c for c in pod["spec"]["containers"] if c["name"] == "node"]
+    assert not [e["name"] for e in node.get("env", []) if e["name"].startswith("KUBEFLOW_")]
+    log = cluster.logs(release.rank0_pod(), ns)
+    assert "trainjob status" not in log, log[-2000:]  # with the gate on: "reporting progress to"

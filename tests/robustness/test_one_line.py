@@ -61,6 +61,11 @@ CASES = [
          ("data.format", "'synthetic'")),
     Case("weight-decay-inf", ("train", "--set", "optim.weight_decay=.inf", *QUICK), 2,
          ("optim.weight_decay",)),
+    # sizes whose weights cannot fit: they used to initialise until the OOM killer came
+    Case("hidden-sizes-huge", ("train", "--set", "model.hidden_sizes=[100000000000]", *QUICK),
+         2, ("parameters", "GB of float32 weights", "model.hidden_sizes")),
+    Case("num-classes-huge", ("train", "--set", "data.num_classes=1000000000", *QUICK), 2,
+         ("parameters", "data.num_classes")),
     # output directories
     Case("output-dir-is-a-file", ("train", *QUICK[:-1], "{tmp}/out/summary.json"), 2,
          ("output.dir", "not a directory")),
