@@ -402,3 +402,26 @@ def test_fit_in_a_group_the_user_joined_with_another_size_is_one_clear_error(
     assert "ERROR the process group already joined is rank 0 of 1 (gloo), but this run is " \
            "rank 1 of 2 (gloo)" in proc.stdout, proc.stdout + proc.stderr
     assert "destroy the group" in proc.stdout
+
+
+def test_no_validation_split_reports_no_accuracy_and_evaluate_refuses(tmp_path: Path) -> None:
+    # data.val_fraction 0: "val accuracy 0.0 (0/0)" was a false number in summary.json and on
+    # the dashboard; it is null, no validation series is set, and evaluate says why it
+    # cannot score.
+    from trainer.errors import ConfigError
+
+    metrics = _Recorder()
+    parts = _hand_made_parts(3)
+    cfg = JobConfig()
+    cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 1, 16, str(tmp_path)
+    parts.val_loader, parts.val_valid = [], 0
+    summary = build_trainer(cfg, _ALONE, parts, metrics).train()
+    assert summary["val_total"] == 0
+    assert summary["val_accuracy"] is None and summary["val_loss"] is None
+    assert not [m for m, _ in metrics.logged if any(k.startswith("val/") for k in m)]
+    trainer.fit({"data": {"dataset": "digits", "val_fraction": 0.0},
+                 "train": {"epochs": 1, "batch_size": 64}, "metrics": {"port": 0},
+                 "checkpoint": {"dir": str(tmp_path / "c")},
+                 "output": {"dir": str(tmp_path / "out")}})
+    with pytest.raises(ConfigError, match="has no validation samples to score"):
+        trainer.evaluate(tmp_path / "c", output_dir=tmp_path / "e")

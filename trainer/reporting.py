@@ -66,6 +66,7 @@ class Reporter:
         self.grad_clip = grad_clip
         self.planned = 0
         self._bar: Any = None
+        self._said_no_validation = False
 
     def start(self, planned: int, step: int, resumed_step: int | None) -> None:
         self.planned = planned
@@ -122,6 +123,12 @@ class Reporter:
         self.metrics.log({"checkpoint/last_timestamp": time.time()}, step)
 
     def validation(self, local: EvalResult, glob: EvalResult, epoch: int, step: int) -> None:
+        if not glob.total:  # data.val_fraction 0: an accuracy of 0 would be a false number
+            if self.is_main and not self._said_no_validation:
+                log.info("no validation samples (data.val_fraction 0): validation accuracy and "
+                         "loss are not reported")
+            self._said_no_validation = True
+            return
         self.metrics.log({
             "val/loss": local.loss, "val/accuracy": local.accuracy,
             "val/correct": float(local.correct), "val/total": float(local.total),

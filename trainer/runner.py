@@ -92,11 +92,12 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         rank.completed = True
         if ctx.is_main:
             path = write_json(cfg.output.dir, "summary.json", summary)
-            log.info("done: %d steps, %.0f samples/s, train loss %.4f, val accuracy %.4f "
+            accuracy = summary["val_accuracy"]
+            log.info("done: %d steps, %.0f samples/s, train loss %.4f, val accuracy %s "
                      "(%d/%d) -> %s", summary["steps"], summary["samples_per_second"],
                      # None (no step this run) prints nan; a loss of exactly 0.0 prints 0.0000
                      float("nan") if summary["train_loss"] is None else summary["train_loss"],
-                     summary["val_accuracy"],
+                     "none" if accuracy is None else f"{accuracy:.4f}",
                      summary["val_correct"], summary["val_total"], path)
         metrics.log({"run/completed": 1.0}, summary["steps"])
         return summary
@@ -119,6 +120,11 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
         rank.check_output_dir(output_dir)
         workload = rank.prepare(model=model, dataset=None if dataset_spec else dataset,
                                 step=step)
+        if not len(workload.splits.val):
+            raise ConfigError(f"dataset {cfg.data.dataset} has no validation samples to score "
+                              f"(data.val_fraction {cfg.data.val_fraction})",
+                              "pass --dataset with a validation split, or train with "
+                              "data.val_fraction > 0")
         try:
             workload.model.load_state_dict(state["model"])
         except RuntimeError:

@@ -266,8 +266,11 @@ class Trainer:
             "world_size": self.ctx.world_size, "epochs": self.progress.epoch,
             "steps": self.progress.step, "samples": int(samples),
             "samples_per_second": samples / wall if wall > 0 else 0.0,
-            "train_loss": self.progress.train_loss, "val_accuracy": ev.accuracy,
-            "val_correct": ev.correct, "val_total": ev.total, "val_loss": ev.loss,
+            "train_loss": self.progress.train_loss,
+            # None: no validation split (data.val_fraction 0), not an accuracy of 0
+            "val_accuracy": ev.accuracy if ev.total else None,
+            "val_correct": ev.correct, "val_total": ev.total,
+            "val_loss": ev.loss if ev.total else None,
             "wall_seconds": wall, "global_batch": self.plan.global_batch,
             "resumed_from_step": self.resumed_step,
             **({"class_names": list(names)} if names else {}),
