@@ -56,16 +56,11 @@ run: venv
 		--set metrics.linger_seconds=0 $(RUN_ARGS)
 
 # Every test, the cluster's included: the cluster comes up first (its build and start-up
-# times printed) and goes down after, whatever the tests' outcome. tests/cluster runs beside
-# the other tests, its output printed at the end: its tests mostly wait on the cluster (in a
-# row, all tests took 38 min of wall time and 27 min of CPU time on 2 cores).
+# times printed) and goes down after, whatever the tests' outcome.
 test: venv tools e2e-tools cluster-tools
 	$(PY) tools/cluster/cluster.py up
-	status=0; export PATH="$(CURDIR)/.tools/bin:$$PATH"; \
-	$(PY) -m pytest -q --durations=15 tests/cluster > .cache/cluster/tests.log 2>&1 & \
-	cluster=$$!; $(PY) -m pytest -q --durations=15 --ignore=tests/cluster || status=$$?; \
-	wait $$cluster || status=$$?; echo "== tests/cluster"; cat .cache/cluster/tests.log; \
-	$(PY) tools/cluster/cluster.py down; exit $$status
+	status=0; PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q --durations=15 \
+		|| status=$$?; $(PY) tools/cluster/cluster.py down; exit $$status
 
 # The edit-test loop: unit and in-process tests, no external binaries (under 3 minutes on 2
 # CPU cores). tests/conftest.py marks `slow` what drives helm/podman/the image or starts
