@@ -23,12 +23,24 @@ def prometheus() -> str:
     return (STATE / "prometheus-url").read_text().strip()
 
 
-def query(promql: str) -> list[dict[str, Any]]:
-    url = f"{prometheus()}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        body = json.load(answer)
+def api(path: str, attempts: int = 3) -> Any:
+    """A Prometheus HTTP API answer's data. A read that times out is tried again: on 2 busy
+    cores the server sometimes takes longer than a client's 20 s (seen once in a CI run)."""
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(f"{prometheus()}{path}", timeout=20) as answer:
+                body = json.load(answer)
+            break
+        except TimeoutError:
+            if attempt == attempts - 1:
+                raise
     assert body["status"] == "success", body
-    result: list[dict[str, Any]] = body["data"]["result"]
+    return body["data"]
+
+
+def query(promql: str) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = api("/api/v1/query?" + urllib.parse.urlencode(
+        {"query": promql}))["result"]
     return result
 
 
@@ -40,9 +52,9 @@ def wait_for_series(promql: str, count: int, timeout: float = 300) -> list[dict[
         if len(found) >= count:
             return found
         time.sleep(1)
-    targets = urllib.request.urlopen(f"{prometheus()}/api/v1/targets", timeout=10).read()
+    targets = json.dumps(api("/api/v1/targets"))
     raise AssertionError(f"{promql}: {len(found)} series after {timeout} s, want {count}; "
-                         f"targets: {targets[-3000:]!r}")
+                         f"targets: {targets[-3000:]}")
 
 
 DASHBOARD = REPO / "charts" / "ddp-trainer" / "files" / "dashboard.json"
@@ -53,10 +65,8 @@ RATE_INTERVAL = "30s"
 
 
 def label_values(label: str, match: str) -> list[str]:
-    url = (f"{prometheus()}/api/v1/label/{label}/values?"
-           + urllib.parse.urlencode({"match[]": match}))
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        values: list[str] = json.load(answer)["data"]
+    values: list[str] = api(f"/api/v1/label/{label}/values?"
+                            + urllib.parse.urlencode({"match[]": match}))
     return values
 
 
@@ -117,8 +127,7 @@ def job_alerts(release: Release, alert: str) -> list[dict[str, Any]]:
     """`alert`'s alerts for the release's job, from the rules of the release's own
     PrometheusRule (prometheus-operator names the rule file `<namespace>-<name>-<uid>.yaml`):
     every release of the chart loads the rules for all jobs, with its own thresholds."""
-    with urllib.request.urlopen(f"{prometheus()}/api/v1/rules?type=alert", timeout=10) as answer:
-        groups = json.load(answer)["data"]["groups"]
+    groups = api("/api/v1/rules?type=alert")["groups"]
     own = f"{release.namespace}-{release.job}-"
     return [a for g in groups if g["file"].rsplit("/", 1)[-1].startswith(own)
             for rule in g["rules"] if rule["name"] == alert
@@ -136,8 +145,7 @@ def wait_for_alert(release: Release, alert: str, state: str = "firing",
         if found:
             return found[0]
         time.sleep(1)
-    with urllib.request.urlopen(f"{prometheus()}/api/v1/rules?type=alert", timeout=10) as answer:
-        files = sorted({g["file"] for g in json.load(answer)["data"]["groups"]})
+    files = sorted({g["file"] for g in api("/api/v1/rules?type=alert")["groups"]})
     raise AssertionError(f"{alert} not {state} for {release.namespace}/{release.job} after "
                          f"{timeout} s; its alerts: {job_alerts(release, alert)}; rule files: "
                          f"{files}")
