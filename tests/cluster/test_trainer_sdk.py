@@ -28,8 +28,10 @@ def train_ddp_trainer():
               "output": {"dir": "/workspace/outputs"}}
     summary = trainer.fit(config)
     if os.environ["RANK"] == "0":
-        # The checkpoint is in this pod only, so it is scored by one process: `ddp-trainer
-        # evaluate` without torchrun's variables (with them it would wait for the other ranks).
+        # The checkpoint is in this pod only, so it is scored by one process: ddp-trainer
+        # evaluate without torchrun's variables (with them it would wait for the other ranks).
+        # No backquote or dollar sign anywhere in this function: the SDK pastes its source
+        # into an unquoted bash here-document, which runs them (README "From the Kubeflow SDK").
         alone = {k: v for k, v in os.environ.items() if k not in (
             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
         subprocess.run(["ddp-trainer", "evaluate", "--checkpoint", "/workspace/checkpoints",
@@ -65,6 +67,9 @@ def test_a_custom_trainer_function_calling_fit_trains_on_two_nodes(cluster: Clus
     assert got["status"] == "Complete", got["logs"][-30:]
     assert got["nodes"] == 2
     (line,) = [line for line in got["logs"] if line.startswith("SDK-RESULT ")]
+    # With a backquoted ddp-trainer in a comment the log began "error: the following
+    # arguments are required: COMMAND": bash ran it while writing the script.
+    assert not [x for x in got["logs"] if x.startswith("error:")], got["logs"][:5]
     result = json.loads(line.removeprefix("SDK-RESULT "))
     summary, scored = result["summary"], result["eval"]
     assert summary["world_size"] == 2
