@@ -66,6 +66,8 @@ CASES = [
          2, ("parameters", "GB of float32 weights", "model.hidden_sizes")),
     Case("num-classes-huge", ("train", "--set", "data.num_classes=1000000000", *QUICK), 2,
          ("parameters", "data.num_classes")),
+    Case("builtin-model-bad-option", ("train", "--set", 'model.options={"bogus": 1}', *QUICK),
+         2, ("model.name 'mlp'", "bogus", "model.options")),
     # output directories
     Case("output-dir-is-a-file", ("train", *QUICK[:-1], "{tmp}/out/summary.json"), 2,
          ("output.dir", "not a directory")),
