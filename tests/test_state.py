@@ -66,7 +66,7 @@ def test_a_checkpoint_written_before_a_field_rename_evaluates_through_its_migrat
     # The day `train.batch_size` were renamed from `train.batch`: version-0 checkpoints carry
     # the old name, and the migration from version 0 renames it.
     import trainer
-    from trainer import config
+    from trainer import checkpoint, config
 
     def rename(old: dict[str, Any]) -> dict[str, Any]:
         train = dict(old["train"])
@@ -75,10 +75,10 @@ def test_a_checkpoint_written_before_a_field_rename_evaluates_through_its_migrat
 
     reference = _checkpoint_with(tmp_path)
     want = trainer.evaluate(reference, output_dir=tmp_path / "e0")["accuracy"]
-    saved = config.saved_config(checkpoint_state(reference), "reference")
+    saved = config.saved_config(checkpoint.read(reference), "reference")
     old_layout = {**saved, "train": {**{k: v for k, v in saved["train"].items()
                                         if k != "batch_size"}, "batch": 64}}
-    assert checkpoint_state(reference)["config_version"] == config.CONFIG_VERSION
+    assert checkpoint.read(reference)["config_version"] == config.CONFIG_VERSION
     old = _checkpoint_with(tmp_path / "v0", config=old_layout, config_version=None)
     with pytest.raises(ConfigError, match=r"unknown key train\.batch"):
         trainer.evaluate(old, output_dir=tmp_path / "e1")
@@ -95,8 +95,3 @@ def test_a_checkpoint_of_a_newer_config_version_is_one_line(tmp_path: Path) -> N
                                           f"ddp-trainer reads versions up to {CONFIG_VERSION}"):
         trainer.evaluate(newer, output_dir=tmp_path / "e")
 
-
-def checkpoint_state(path: Path) -> dict[str, Any]:
-    from trainer import checkpoint
-
-    return checkpoint.read(path)

@@ -122,12 +122,11 @@ def build_model(cfg: ModelConfig, num_classes: int | None, sample_shape: tuple[i
                                   "it does not define",
                                   "give the dataset num_classes and sample_shape attributes, "
                                   "set data.num_classes, or use a model of your own")
+        _check_fits(cfg.name, factory, kwargs)
     elif num_classes is None and "num_classes" not in kwargs and _names(factory, "num_classes"):
         raise ConfigError(f"model.name {cfg.name!r} takes num_classes, but the dataset neither "
                           "defines num_classes nor exposes its labels (targets or labels)",
                           "set data.num_classes (or model.options.num_classes)")
-    if cfg.name in _builtins(cfg):
-        _check_fits(cfg.name, factory, kwargs)
     torch.manual_seed(seed)
     model = plugins.call(factory, kwargs, f"model.name {cfg.name!r}",
                          "fix the model callable or model.options")
