@@ -118,6 +118,10 @@ def assert_final_values_scraped(selector: str, summary: dict[str, Any]) -> None:
     assert [float(a["value"][1]) for a in accuracy] == [summary["val_accuracy"]], accuracy
 
 
+# The chart's PodMonitor scrapes every 15 s; the alert tests' runs last about a minute.
+FAST_SCRAPES: dict[str, Any] = {"metrics": {"podMonitor": {"interval": "5s"}}}
+
+
 def alerts_values(**by_alert: dict[str, Any]) -> dict[str, Any]:
     """Chart values for short alert thresholds (metrics.prometheusRule.alerts)."""
     return {"metrics": {"prometheusRule": {"alerts": by_alert}}}

@@ -16,10 +16,14 @@ import pytest
 from tests.cluster.helm import Release, release_name
 from tests.cluster.jobs import container_id, cpu_quota_file, restarts, wait_until
 from tests.cluster.kube import Cluster, merged
-from tests.cluster.monitoring import alerts_values, job_alerts, query, wait_for_alert
+from tests.cluster.monitoring import (
+    FAST_SCRAPES,
+    alerts_values,
+    job_alerts,
+    query,
+    wait_for_alert,
+)
 
-# The chart's PodMonitor scrapes every 15 s; these runs last about a minute.
-FAST_SCRAPES: dict[str, Any] = {"metrics": {"podMonitor": {"interval": "5s"}}}
 # SGD warmed up towards a learning rate 400 times the default, as a mistyped lr would: while
 # the rate is small the loss falls (to about 0.01 by step 400 with this seed, 2 ranks of 64),
 # then near lr 1 (step 1300) the network blows up and its loss stays at chance level (2.3):

@@ -25,7 +25,7 @@ from tests.cluster.jobs import (
     wait_until,
 )
 from tests.cluster.kube import Cluster, KubectlError, merged, restart_process
-from tests.cluster.monitoring import alerts_values, job_alerts, wait_for_alert
+from tests.cluster.monitoring import FAST_SCRAPES, alerts_values, job_alerts, wait_for_alert
 
 # The chart's defaults (1 Master + 1 Worker, epoch-end checkpoints, `OnFailure`) sized for the
 # tests: 150 short epochs (about 20 s of training here) leave time to interrupt after the
@@ -86,8 +86,11 @@ def test_a_sigkilled_worker_restarts_in_place_and_the_run_ends_as_uninterrupted(
 def test_every_pod_deleted_resumes_from_the_checkpoint_claim_as_uninterrupted_and_alerts(
         cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
     # DDPTrainerRestarting at one restart instead of two: the pods made anew are new series
-    # (new pod IPs) that start at the ranks' restart count, 1.
-    release = run(cluster, chart_ref, tmp_path, "drain", KEEP_RESULTS,
+    # (new pod IPs) that start at the ranks' restart count, 1. Resumed, they train for only
+    # about 10 s: scraped every 5 s and serving on for 20 s after training, their count is
+    # scraped (a CI run with 15 s scrapes and no linger never saw it).
+    release = run(cluster, chart_ref, tmp_path, "drain", KEEP_RESULTS, FAST_SCRAPES,
+                  {"trainerConfig": {"metrics": {"linger_seconds": 20}}},
                   alerts_values(restarting={"count": 1}))
     step = wait_for_checkpoints(release, MID_RUN)
     cluster.kubectl("delete", "pod", "-n", release.namespace, "-l",
