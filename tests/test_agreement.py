@@ -182,6 +182,30 @@ def test_evaluate_honours_its_timeout(tmp_path: Path) -> None:
     assert proc.returncode == 4 and "dist.timeout_seconds=3" in proc.stderr, proc.stderr
 
 
+# Rank 1 joins the group and dies (as a kill -9 would) before the first collective.
+_JOIN_AND_DIE = ("import datetime, os, torch.distributed as dist; "
+                 "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=60)); "
+                 "print('joined', flush=True); os._exit(9)")
+
+
+def test_a_rank_killed_while_ddp_is_built_is_a_lost_rank_not_a_traceback(tmp_path: Path) -> None:
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    peer = subprocess.Popen([sys.executable, "-c", _JOIN_AND_DIE], env={**os.environ, **env,
+                            "RANK": "1"}, stdout=subprocess.PIPE, text=True)
+    try:
+        # DistributedDataParallel's constructor runs the first collectives after the join.
+        proc = run_cli("train", "--dataset", "synthetic", "--epochs", "1", "--metrics-port", "0",
+                       "--timeout", "60", "--output-dir", str(tmp_path),
+                       env={**env, "RANK": "0"}, timeout=180)
+    finally:
+        out, _ = peer.communicate(timeout=60)
+    assert peer.returncode == 9 and "joined" in out
+    assert proc.returncode == 4, proc.stderr
+    assert "another rank stopped responding or died (building DistributedDataParallel" in (
+        proc.stderr)
+    assert "Traceback" not in proc.stderr and not (tmp_path / "summary.json").exists()
+
+
 def test_dataparallel_with_several_ranks_fails_before_the_rendezvous(tmp_path: Path) -> None:
     t0 = time.monotonic()
     proc = run_cli("train", "--strategy", "dp", "--metrics-port", "0", env={

@@ -171,7 +171,10 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
     t = cfg.train
     workers = worker_options(cfg)
     model = workload.model.to(ctx.device)
-    wrapped = wrap_model(model, t.strategy, ctx)
+    # DDP's constructor checks the parameters' shapes across ranks and broadcasts rank 0's
+    # weights: the first collectives after the join, where a peer killed meanwhile shows.
+    with Collective("building DistributedDataParallel", cfg.dist.timeout_seconds):
+        wrapped = wrap_model(model, t.strategy, ctx)
     if t.compile:
         # DDP first, then compile: dynamo's DDPOptimizer splits the graph at DDP's buckets so
         # communication still overlaps the backward pass.
