@@ -1,4 +1,5 @@
-"""The README tells the truth: the two commands first, every config field and CLI flag."""
+"""The README tells the truth: the two commands first, every config field and CLI flag, the
+bad-input suite's counts."""
 
 from __future__ import annotations
 
@@ -37,3 +38,11 @@ def test_config_table_is_generated_from_the_config_docstrings() -> None:
     start = README.index("| key | default | flag | meaning |")
     table = README[start:README.index("\n\n", start)].splitlines()
     assert table == rows(), "run .venv/bin/python tools/config_table.py and paste the table"
+
+
+def test_the_bad_input_counts_are_the_suites_tables() -> None:
+    from tests.chart.test_chart_values_errors import BAD_VALUES
+    from tests.robustness.test_one_line import CASES
+
+    assert f"a table of {len(CASES)} CLI cases" in README
+    assert f"{len(BAD_VALUES)} bad chart values fail" in README
