@@ -134,8 +134,8 @@ def first_batch_seconds(root: Path) -> float:
     code = (
         "import time, torch\n"
         "from trainer.config import DataConfig\nfrom trainer.data import build_splits\n"
-        "from trainer.distributed import DistContext\n"
-        "from trainer.loaders import build_train_sampler, train_loader\n"
+        "from trainer.distributed.bootstrap import DistContext\n"
+        "from trainer.data.loaders import build_train_sampler, train_loader\n"
         "ctx = DistContext(0, 2, 0, 2, torch.device('cpu'), 'gloo', False)\n"
         "t = time.perf_counter()\n"
         f"s = build_splits(DataConfig(dataset={str(root)!r}, val_fraction=0.001), seed=0)\n"
@@ -274,8 +274,8 @@ def bench_images(work: Path, count: int, size: int = 224, batch: int = 64) -> No
 
     from trainer.config import DataConfig
     from trainer.data import build_splits
-    from trainer.distributed import DistContext
-    from trainer.loaders import WorkerOptions, build_train_sampler, train_loader
+    from trainer.data.loaders import WorkerOptions, build_train_sampler, train_loader
+    from trainer.distributed.bootstrap import DistContext
 
     root = write_images(work / f"images-{count}", count)
     ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)

@@ -1,6 +1,6 @@
 """Training-step throughput on CPU: fp32 vs bf16 autocast, eager vs torch.compile.
 
-One process, the trainer's own step path (ClassificationStep under trainer.precision's
+One process, the trainer's own step path (ClassificationStep under trainer.components.precision's
 autocast, backward, clipping off, SGD), on the digits-shaped input: the MLP (64-128-64-10) and
 the CNN (16/32 channels) at batch 256. Warm-up steps (and compilation) are excluded; each case
 then runs for --seconds. Cases alternate within each repeat; medians are printed.
@@ -23,10 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 def samples_per_second(model_name: str, precision: str, compiled: bool, seconds: float) -> float:
     import torch
 
+    from trainer.components.models import build_model
+    from trainer.components.precision import Precision
+    from trainer.components.steps import ClassificationStep
     from trainer.config import ModelConfig
-    from trainer.models import build_model
-    from trainer.precision import Precision
-    from trainer.steps import ClassificationStep
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(name=model_name), 10, (1, 8, 8), seed=0)

@@ -16,8 +16,8 @@ the agent ``ddp-trainer run`` embeds):
   default SGD;
 * ``batched``: the same loop on ddp-trainer's own data path (``IndexView`` + ``BatchedSampler``
   over ``DistributedShuffleSampler``, one gather per batch) and its own optimizer build
-  (``trainer.optim.build_optimizer``: fused kernels), so ours / batched is the pure cost of the
-  trainer's loop;
+  (``trainer.components.optim.build_optimizer``: fused kernels), so ours / batched is the pure
+  cost of the trainer's loop;
 * ``ddp-trainer run``: checkpoints every 500 steps (``--checkpoint-every``: the cadence of
   Hugging Face's ``TrainingArguments.save_steps`` default and torchtitan's train configs'
   ``Checkpoint(interval=500)``; it replaces epoch-end saves) and at the end, metrics endpoint
@@ -107,7 +107,7 @@ def bare_rank(name: str, fetch: str, out: str) -> None:
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps({"samples_per_second": samples_per_second}))
     # Gloo's teardown can abort a rank whose peer closed first (see
-    # trainer.distributed.teardown): meet, then leave without it, as the trainer does.
+    # trainer.distributed.bootstrap.teardown): meet, then leave without it, as the trainer does.
     dist.barrier()
     os._exit(0)
 
@@ -121,12 +121,12 @@ def bare_loop(name: str, fetch: str) -> float:
     from torch.utils.data import DataLoader, TensorDataset
     from torch.utils.data.distributed import DistributedSampler
 
+    from trainer.components.models import build_model
+    from trainer.components.optim import build_optimizer
     from trainer.config import DataConfig, ModelConfig, OptimConfig
     from trainer.data import build_splits
-    from trainer.distributed import DistContext
-    from trainer.loaders import build_train_sampler, eval_loader, train_loader
-    from trainer.models import build_model
-    from trainer.optim import build_optimizer
+    from trainer.data.loaders import build_train_sampler, eval_loader, train_loader
+    from trainer.distributed.bootstrap import DistContext
 
     w = WORKLOADS[name]
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -194,7 +194,7 @@ def paired_rank(name: str, checkpoint_every: str, repeats: str, out: str) -> Non
 
     import trainer
 
-    dist.init_process_group("gloo")  # fit() joins this group (trainer.distributed.join)
+    dist.init_process_group("gloo")  # fit() joins this group (trainer.distributed.bootstrap.join)
     runs: dict[str, list[float]] = {"ours": [], "batched": [], "steal": []}
     for r in range(int(repeats)):
         before, steal = _cpu_ticks(), 0.0

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, free_port, read_json, run_cli
 
-from trainer import checkpoint
+from trainer.components import checkpoint
 
 FIXTURES = str(REPO / "tests" / "fixtures")
 LONG = ["--dataset", "digits", "--batch-size", "8", "--epochs", "4", "--log-every", "5",
@@ -235,9 +235,9 @@ def _checks_every(log_every: int, step_seconds: float, log_seconds: float) -> in
     """Steps between checks once the ranks agreed on `step_seconds` (one process)."""
     import torch
 
-    from trainer.agreement import Agreement
-    from trainer.distributed import DistContext
-    from trainer.stopping import StopFlag
+    from trainer.distributed.agreement import Agreement
+    from trainer.distributed.bootstrap import DistContext
+    from trainer.distributed.preemption import StopFlag
 
     ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
     agreement = Agreement(ctx, StopFlag(), log_every, 15.0, 600.0, min_seconds=log_seconds)
@@ -257,9 +257,9 @@ def _exchange_with_sums(rank: int, world: int, port: int, out: dict) -> None:  #
     import torch
     import torch.distributed as dist
 
-    from trainer.agreement import Agreement
-    from trainer.distributed import DistContext
-    from trainer.stopping import StopFlag
+    from trainer.distributed.agreement import Agreement
+    from trainer.distributed.bootstrap import DistContext
+    from trainer.distributed.preemption import StopFlag
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -292,7 +292,7 @@ def _leave_before_the_final_barrier(rank: int, world: int, port: int, out: dict)
     import torch
     import torch.distributed as dist
 
-    from trainer.distributed import DistContext, teardown
+    from trainer.distributed.bootstrap import DistContext, teardown
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint
+from trainer.components import checkpoint
 from trainer.errors import CheckpointError
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import free_port, read_json, run_cli
 
-from trainer import checkpoint
+from trainer.components import checkpoint
 
 
 def assert_one_clear_error(proc, *needles: str) -> None:  # type: ignore[no-untyped-def]

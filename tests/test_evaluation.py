@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.evaluation import local_sums, result
-from trainer.steps import StepOutput, counts_vector
+from trainer.components.evaluation import local_sums, result
+from trainer.components.steps import StepOutput, counts_vector
 
 
 def test_counts_of_mixed_kinds_sum_exactly_as_float64() -> None:

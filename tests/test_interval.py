@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.interval import Interval, StepLog
+from trainer.loop.interval_stats import Interval, StepLog
 
 
 def test_totals_sum_tensor_and_int_counts_in_one_read() -> None:

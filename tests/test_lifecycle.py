@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from trainer import lifecycle
 from trainer.config import JobConfig
-from trainer.distributed import DistContext
+from trainer.distributed.bootstrap import DistContext
 from trainer.errors import ConfigError, Preempted, RankLost
+from trainer.ranks import lifecycle
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from trainer.build import build_workload
+from trainer.components.models import MyModel, build_model
 from trainer.config import JobConfig, ModelConfig
 from trainer.errors import ConfigError
-from trainer.models import MyModel, build_model
 
 
 @pytest.mark.parametrize(("name", "shape"), [

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, read_json, run_cli
 
-from trainer import checkpoint
-from trainer.batching import plan_batches
+from trainer.components import checkpoint
+from trainer.loop.global_batch import plan_batches
 
 # Slow enough (~1000 steps) that a signal lands mid-run on a loaded 2-core machine.
 LONG = ["--dataset", "digits", "--batch-size", "8", "--epochs", "6", "--log-every", "5",

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from trainer import checkpoint
+from trainer.components import checkpoint
 from trainer.config import CheckpointConfig
-from trainer.saving import Saver
+from trainer.loop.save_policy import Saver
 
 
 def test_every_n_steps_replaces_epoch_end_saves_but_the_end_is_always_saved(

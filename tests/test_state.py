@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer.errors import ConfigError
-from trainer.state import Progress, TrainingState, fsum
+from trainer.loop.state import Progress, TrainingState, fsum
 
 FIRST_RELEASE = {
     "model": {"w": torch.ones(2)}, "optimizer": {"state": {}, "param_groups": []}, "epoch": 1,
@@ -50,7 +50,7 @@ def _checkpoint_with(tmp_path: Path, **changes: Any) -> Path:
     """A real checkpoint of a short digits run, rewritten with `changes` (an older or newer
     release's keys; None removes a key)."""
     import trainer
-    from trainer import checkpoint
+    from trainer.components import checkpoint
 
     trainer.fit({"data": {"dataset": "digits"}, "train": {"epochs": 1, "batch_size": 64},
                  "checkpoint": {"dir": str(tmp_path / "c")}, "metrics": {"port": 0},
@@ -66,7 +66,8 @@ def test_a_checkpoint_written_before_a_field_rename_evaluates_through_its_migrat
     # The day `train.batch_size` were renamed from `train.batch`: version-0 checkpoints carry
     # the old name, and the migration from version 0 renames it.
     import trainer
-    from trainer import checkpoint, config
+    from trainer import config
+    from trainer.components import checkpoint
 
     def rename(old: dict[str, Any]) -> dict[str, Any]:
         train = dict(old["train"])

@@ -9,9 +9,7 @@ import torch
 from torch import nn
 
 from trainer import plugins
-from trainer.config import JobConfig, merge, parse_set
-from trainer.errors import DataError
-from trainer.steps import (
+from trainer.components.steps import (
     ClassificationStep,
     StepError,
     StepOutput,
@@ -20,7 +18,9 @@ from trainer.steps import (
     as_output,
     check_output,
 )
-from trainer.tree import batch_len, take, to_device
+from trainer.components.tree import batch_len, take, to_device
+from trainer.config import JobConfig, merge, parse_set
+from trainer.errors import DataError
 
 
 def test_tuple_batches_score_top1_over_the_class_dimension() -> None:

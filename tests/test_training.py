@@ -11,10 +11,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import free_port, read_json, run_cli
 
-from trainer import checkpoint
+from trainer.components import checkpoint
 from trainer.data import InMemoryDataset
-from trainer.distributed import DistContext
-from trainer.loaders import build_train_sampler, train_loader
+from trainer.data.loaders import build_train_sampler, train_loader
+from trainer.distributed.bootstrap import DistContext
 
 
 def test_make_run_recipe_reaches_ninety_percent_on_digits(tmp_path: Path) -> None:

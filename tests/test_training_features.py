@@ -14,10 +14,10 @@ from conftest import run_cli
 from torch import nn
 
 import trainer
-from trainer import optim
+from trainer.components import optim
+from trainer.components.optim import Schedule, build_optimizer
 from trainer.config import OptimConfig
 from trainer.data import InMemoryDataset
-from trainer.optim import Schedule, build_optimizer
 
 
 @pytest.mark.parametrize(("schedule", "step", "expected"), [

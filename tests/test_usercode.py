@@ -11,10 +11,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.utils.data import DataLoader, Dataset
 
 from trainer import plugins
-from trainer.agreement import Collective
+from trainer.distributed.agreement import Collective
 from trainer.errors import USER_CODE_EXIT
-from trainer.launch import exit_code_of
-from trainer.usercode import describe, user_frame
+from trainer.ranks.launcher import exit_code_of
+from trainer.ranks.usercode import describe, user_frame
 
 HERE = str(Path(__file__).resolve())
 

@@ -11,7 +11,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {"fit": "trainer.api", "evaluate": "trainer.api", "load_config": "trainer.api",
-         "JobConfig": "trainer.config", "StepOutput": "trainer.steps"}
+         "JobConfig": "trainer.config", "StepOutput": "trainer.components.steps"}
 
 __all__ = ["JobConfig", "StepOutput", "__version__", "evaluate", "fit", "load_config"]
 

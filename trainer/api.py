@@ -22,9 +22,9 @@ from typing import Any
 
 from torch import nn
 
+from trainer.components.steps import StepFn
 from trainer.config import JobConfig, build_config, merge, validate
 from trainer.errors import ConfigError
-from trainer.steps import StepFn
 
 ConfigLike = JobConfig | Mapping[str, Any] | str | Path | None
 
@@ -61,7 +61,7 @@ def fit(config: ConfigLike = None, *, model: nn.Module | None = None, dataset: A
         # what it defines, and the script calls fit() unguarded, as the Kubeflow SDK's generated
         # CustomTrainer script does: the call is the parent's to make, not the worker's.
         return {}
-    from trainer import runner
+    from trainer.ranks import runner
 
     return runner.train(load_config(config), model=model, dataset=dataset, step=step)
 
@@ -73,7 +73,7 @@ def evaluate(checkpoint: str | Path, *, model: nn.Module | None = None, dataset:
     Pass again whatever was passed to fit() as an object; the rest is rebuilt from the
     checkpoint's config.
     """
-    from trainer import runner
+    from trainer.ranks import runner
 
     return runner.evaluate_checkpoint(str(checkpoint), None, str(output_dir), model=model,
                                       dataset=dataset, step=step)

@@ -8,7 +8,7 @@ Two phases, because a rank should fail on bad input before it joins the process 
 2. :func:`build_parts` (after): device placement, the DDP wrapper, the optimizer, the
    sampler and the loaders; then :func:`build_trainer` adds what the loop talks to (the
    reporter, the agreement, the saver, the batch plan) and hands it all to
-   :class:`trainer.trainer.Trainer`, which builds nothing.
+   :class:`trainer.loop.trainer.Trainer`, which builds nothing.
 
 ``ddp-trainer evaluate`` builds its model through :func:`build_workload` too, so a checkpoint
 is always scored by the same code that trained it.
@@ -29,31 +29,32 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from trainer import data, models, plugins, steps
-from trainer.agreement import Agreement, Collective
-from trainer.batching import BatchPlan
+from trainer import data, plugins
+from trainer.components import models, steps
+from trainer.components.optim import Schedule, build_optimizer
+from trainer.components.precision import Precision
+from trainer.components.steps import StepFn
+from trainer.components.tree import to_device
 from trainer.config import JobConfig
 from trainer.data import DataSplits, IndexView
-from trainer.distributed import DistContext, is_distributed
-from trainer.errors import ConfigError
-from trainer.interval import Interval
-from trainer.loaders import (
+from trainer.data.loaders import (
     TrainSampler,
     build_train_sampler,
     eval_loader,
     train_loader,
     worker_options,
 )
-from trainer.optim import Schedule, build_optimizer
-from trainer.policies import Policies
-from trainer.precision import Precision
-from trainer.reporting import MetricsLogger, Reporter
-from trainer.saving import Saver
-from trainer.state import Progress
-from trainer.steps import StepFn
-from trainer.stopping import StopFlag
-from trainer.trainer import Trainer
-from trainer.tree import to_device
+from trainer.distributed.agreement import Agreement, Collective
+from trainer.distributed.bootstrap import DistContext, is_distributed
+from trainer.distributed.preemption import StopFlag
+from trainer.errors import ConfigError
+from trainer.loop.global_batch import BatchPlan
+from trainer.loop.interval_stats import Interval
+from trainer.loop.policies import Policies
+from trainer.loop.reporting import MetricsLogger, Reporter
+from trainer.loop.save_policy import Saver
+from trainer.loop.state import Progress
+from trainer.loop.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class TrainParts:
 
 def check_strategy(strategy: str, ctx: DistContext) -> None:
     """DataParallel runs in one process: refuse it in a distributed job (checked before the
-    rendezvous, see :mod:`trainer.runner`)."""
+    rendezvous, see :mod:`trainer.ranks.runner`)."""
     if strategy == "dp" and is_distributed(ctx):
         raise ConfigError("train.strategy 'dp' (DataParallel) runs in one process, but "
                           f"WORLD_SIZE is {ctx.world_size}",

@@ -152,7 +152,7 @@ def _config(ns: argparse.Namespace) -> JobConfig:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from trainer import runner
+    from trainer.ranks import runner
 
     runner.train(_config(ns))
     return 0
@@ -166,10 +166,10 @@ LAUNCHER_SECTIONS = ("metrics", "dist")
 
 def cmd_run(ns: argparse.Namespace) -> int:
     from trainer.build import check_config
-    from trainer.launch import launch
+    from trainer.distributed.preemption import linger
     from trainer.metrics import start_launcher_exporter
-    from trainer.outputs import check_output_dir
-    from trainer.stopping import linger
+    from trainer.ranks.launcher import launch
+    from trainer.ranks.outputs import check_output_dir
 
     cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
     if ns.script:
@@ -217,7 +217,7 @@ def cmd_script(ns: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(ns: argparse.Namespace) -> int:
-    from trainer import runner
+    from trainer.ranks import runner
 
     if ns.timeout is not None:
         check_timeout("--timeout", ns.timeout, "use a number of seconds, e.g. 600")
@@ -227,9 +227,9 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         return 0
     if ns.nproc_per_node < 1:
         raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
-    from trainer import checkpoint
-    from trainer.launch import launch
-    from trainer.outputs import check_output_dir
+    from trainer.components import checkpoint
+    from trainer.ranks.launcher import launch
+    from trainer.ranks.outputs import check_output_dir
 
     check_output_dir(ns.output_dir, create=True)  # once here, not once per rank
     # every rank scores the same file, chosen once (a directory's newest checkpoint)
@@ -361,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:
         if debug:
             raise
-        from trainer import usercode
+        from trainer.ranks import usercode
 
         exit_code = usercode.report(err)  # the user's model, dataset, step or script raised
         if exit_code is None:

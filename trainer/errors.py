@@ -22,7 +22,7 @@ def _one_line(text: str) -> str:
 
 USER_CODE_EXIT = 5
 """Exit status of a rank whose user code (model, dataset, step, script) raised: see
-:mod:`trainer.usercode`."""
+:mod:`trainer.ranks.usercode`."""
 
 
 class TrainerError(Exception):
@@ -50,8 +50,8 @@ class DataError(TrainerError):
 
 
 class AgreedStop(TrainerError):
-    """Raised on every rank at the same step, by agreement (trainer.agreement): the process
-    group is intact and the ranks leave it together."""
+    """Raised on every rank at the same step, by agreement (trainer.distributed.agreement): the
+    process group is intact and the ranks leave it together."""
 
 
 class TrainingDiverged(AgreedStop):

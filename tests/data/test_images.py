@@ -12,13 +12,13 @@ from conftest import read_json, run_cli
 from PIL import Image
 from test_cli_errors import assert_one_clear_error
 
-from trainer import checkpoint
+from trainer.components import checkpoint
 from trainer.config import DataConfig
 from trainer.data import build_splits
 from trainer.data.images import ImageFolderDataset
+from trainer.data.loaders import WorkerOptions, build_train_sampler, train_loader
 from trainer.data.transforms import ImageTransform, center_crop_box, random_crop_box
-from trainer.distributed import DistContext
-from trainer.loaders import WorkerOptions, build_train_sampler, train_loader
+from trainer.distributed.bootstrap import DistContext
 
 CPU = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
 

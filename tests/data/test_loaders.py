@@ -15,15 +15,15 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from trainer.data import EpochIndices, IndexView
-from trainer.distributed import DistContext
-from trainer.errors import ConfigError, DataError
-from trainer.loaders import (
+from trainer.data.loaders import (
     WorkerOptions,
     build_train_sampler,
     eval_loader,
     make_loader,
     train_loader,
 )
+from trainer.distributed.bootstrap import DistContext
+from trainer.errors import ConfigError, DataError
 
 
 def _ctx(rank: int = 0, world: int = 1) -> DistContext:
@@ -183,7 +183,7 @@ def test_workers_exit_when_the_training_process_is_killed(tmp_path: Any) -> None
         "import sys, time\n"
         f"sys.path[:0] = [{os.path.dirname(__file__)!r}, {os.getcwd()!r}]\n"
         "from test_loaders import ParentProbe, _ctx\n"
-        "from trainer.loaders import WorkerOptions, make_loader\n"
+        "from trainer.data.loaders import WorkerOptions, make_loader\n"
         "if __name__ == '__main__':\n"
         "    loader = make_loader(ParentProbe(), [[0, 1], [2, 3]], _ctx(), WorkerOptions(2))\n"
         "    next(iter(loader))\n"

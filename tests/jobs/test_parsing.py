@@ -7,7 +7,7 @@ import pytest
 from trainer.jobs.commands import parse_duration
 from trainer.jobs.errors import JobsError
 from trainer.jobs.logs import iter_lines, split_timestamp
-from trainer.jobs.model import PodView, rank_pods
+from trainer.jobs.views import PodView, rank_pods
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

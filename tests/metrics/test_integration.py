@@ -23,7 +23,7 @@ from tests.metrics.dashboard import label_values_as_promql, load, substitute, ta
 from tests.metrics.helpers import REPO, promtool_check_metrics, rank_env, scrape, value
 from tests.metrics.test_alerts import ALERTS
 from tests.support.prometheus import PrometheusServer, free_port
-from trainer import checkpoint
+from trainer.components import checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import torch
 from conftest import run_cli
 
 from tests.robustness.harness import assert_one_error_line, assert_unchanged, snapshot
-from trainer import checkpoint
+from trainer.components import checkpoint
 
 TINY = ("train", "--dataset", "synthetic", "--set", "data.synthetic_samples=60",
         "--batch-size", "16", "--metrics-port", "0")

@@ -15,7 +15,7 @@ import torch
 from conftest import REPO, run_cli
 
 from tests.robustness.harness import Case, assert_one_error_line, assert_unchanged, snapshot
-from trainer import checkpoint
+from trainer.components import checkpoint
 
 QUICK = ("--dataset", "synthetic", "--metrics-port", "0", "--output-dir", "{tmp}/out")
 """Every case writes its outputs into its own directory, which holds earlier outputs."""

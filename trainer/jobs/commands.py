@@ -18,7 +18,7 @@ from trainer.jobs.errors import (
 )
 from trainer.jobs.kinds import CHOICES, LABEL_JOBSET, LABEL_RJOB, TRAINER_RJOB, TRAINJOB, Kind
 from trainer.jobs.kube import Cluster, Target, connect, job_not_found
-from trainer.jobs.model import JobView, PodView, job_view, pod_view, rank_pods, with_pod_counts
+from trainer.jobs.views import JobView, PodView, job_view, pod_view, rank_pods, with_pod_counts
 
 
 def cluster_from(args: argparse.Namespace) -> Cluster:

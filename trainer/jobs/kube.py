@@ -10,7 +10,7 @@ Which client does what:
   is not used: it deserialises every PyTorchJob into typed models that are stricter than the
   CRD (a job without the optional ``spec.runPolicy`` made ``list`` fail with
   "Failed to list PyTorchJobs"), and the Kubeflow SDK's ``TrainerClient`` has the same problem
-  for TrainJobs (see :mod:`trainer.jobs.kinds`). :mod:`trainer.jobs.model` reads only the
+  for TrainJobs (see :mod:`trainer.jobs.kinds`). :mod:`trainer.jobs.views` reads only the
   fields it needs and tolerates every other shape the CRDs admit.
 - ``CoreV1Api`` lists a job's pods by their labels and streams pod logs.
 

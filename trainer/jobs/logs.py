@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from trainer.jobs.kube import Cluster
-from trainer.jobs.model import PodView
+from trainer.jobs.views import PodView
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from trainer.jobs.model import JobView, PodView
+from trainer.jobs.views import JobView, PodView
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> str:

@@ -12,8 +12,8 @@
 See docs/sampling.md for the design and measurements.
 """
 
-from trainer.sampling.batched import BatchedSampler
-from trainer.sampling.evaluation import DistributedEvalSampler
+from trainer.sampling.batch_sampler import BatchedSampler
+from trainer.sampling.eval_sampler import DistributedEvalSampler
 from trainer.sampling.permutation import FeistelPermutation, epoch_permutation
 from trainer.sampling.shuffle import DistributedShuffleSampler
 from trainer.sampling.stream import DEFAULT_CHUNK, StridedSampler

@@ -1,5 +1,5 @@
 """The training loop: a Trainer that loops over the parts it is handed and checkpoints its
-progress as a :class:`trainer.state.TrainingState`."""
+progress as a :class:`trainer.loop.state.TrainingState`."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainer.agreement import Resumed, collective
-from trainer.batching import plan_batches
-from trainer.compiling import compile_errors
+from trainer.components.compiling import compile_errors
+from trainer.components.evaluation import EvalResult, local_sums, reduce_sums, result
+from trainer.components.steps import as_output
+from trainer.components.tree import batch_len, to_device
 from trainer.config import CONFIG_VERSION, JobConfig
-from trainer.distributed import DistContext
-from trainer.evaluation import EvalResult, local_sums, reduce_sums, result
-from trainer.interval import Interval
-from trainer.resume_check import load_checked, training_state
-from trainer.state import TrainingState
-from trainer.steps import as_output
-from trainer.tree import batch_len, to_device
+from trainer.distributed.agreement import Resumed, collective
+from trainer.distributed.bootstrap import DistContext
+from trainer.loop.global_batch import plan_batches
+from trainer.loop.interval_stats import Interval
+from trainer.loop.state import TrainingState
+from trainer.ranks.resume_check import load_checked, training_state
 
 if TYPE_CHECKING:
     from trainer.build import LoopParts, TrainParts

@@ -33,11 +33,11 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint
-from trainer.distributed import DistContext
+from trainer.components import checkpoint
+from trainer.distributed.bootstrap import DistContext
+from trainer.distributed.preemption import StopFlag
 from trainer.errors import CheckpointError, RankLost, first_line
-from trainer.stopping import StopFlag
-from trainer.usercode import user_frame
+from trainer.ranks.usercode import user_frame
 
 log = logging.getLogger(__name__)
 

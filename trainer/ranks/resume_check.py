@@ -16,7 +16,7 @@ from trainer.errors import CheckpointError, first_line
 TRAINING_KEYS = ("config", "model", "optimizer", "epoch", "step", "sampler", "rng_cpu",
                  "global_batch", "epoch_loss_sum", "epoch_loss_count", "train_loss",
                  "world_size")
-"""What every training checkpoint holds (see :class:`trainer.state.TrainingState`)."""
+"""What every training checkpoint holds (see :class:`trainer.loop.state.TrainingState`)."""
 
 SHAPING_KEYS = (("model", None), ("optim", "name"), ("data", "dataset"),
                 ("data", "num_classes"))

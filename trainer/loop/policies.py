@@ -1,6 +1,7 @@
 """What follows each optimizer step: report the log interval, agree with the other ranks on
-stopping (SIGTERM, a diverged loss), save, as the save policy (:class:`trainer.saving.Saver`)
-and the agreement (:class:`trainer.agreement.Agreement`) decide."""
+stopping (SIGTERM, a diverged loss), save, as the save policy
+(:class:`trainer.loop.save_policy.Saver`) and the agreement
+(:class:`trainer.distributed.agreement.Agreement`) decide."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from trainer.agreement import Agreement, Verdict
+from trainer.distributed.agreement import Agreement, Verdict
 from trainer.errors import Preempted, TrainingDiverged
-from trainer.interval import Interval
-from trainer.reporting import IntervalReport, Reporter
-from trainer.saving import Decision, Saver
-from trainer.state import Progress, fsum
+from trainer.loop.interval_stats import Interval
+from trainer.loop.reporting import IntervalReport, Reporter
+from trainer.loop.save_policy import Decision, Saver
+from trainer.loop.state import Progress, fsum
 
 log = logging.getLogger(__name__)
 

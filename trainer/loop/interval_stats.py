@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 import torch
 
-from trainer.steps import Tally, counts_vector
+from trainer.components.steps import Tally, counts_vector
 
 
 class ForwardClock:

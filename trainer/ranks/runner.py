@@ -14,22 +14,23 @@ from typing import Any
 
 from torch import nn
 
-from trainer import __version__, checkpoint
-from trainer.agreement import agree_resume, collective
+from trainer import __version__
 from trainer.build import Workload, build_parts, build_trainer, check_strategy
-from trainer.compiling import check_available
+from trainer.components import checkpoint
+from trainer.components.compiling import check_available
+from trainer.components.evaluation import evaluate
+from trainer.components.precision import Precision
+from trainer.components.steps import StepFn
 from trainer.config import JobConfig, merge, saved_config, validate
-from trainer.distributed import DistContext
+from trainer.data.loaders import eval_loader, worker_options
+from trainer.distributed.agreement import agree_resume, collective
+from trainer.distributed.bootstrap import DistContext
+from trainer.distributed.preemption import StopFlag, linger
 from trainer.errors import CheckpointError, ConfigError, DataError
-from trainer.evaluation import evaluate
-from trainer.lifecycle import rank_life
-from trainer.loaders import eval_loader, worker_options
 from trainer.metrics import RunInfo, build_metrics
-from trainer.outputs import write_json
-from trainer.precision import Precision
-from trainer.resume_check import training_state
-from trainer.steps import StepFn
-from trainer.stopping import StopFlag, linger
+from trainer.ranks.lifecycle import rank_life
+from trainer.ranks.outputs import write_json
+from trainer.ranks.resume_check import training_state
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
 
     `model`, `dataset` and `step` replace what the config names (see :func:`trainer.fit`).
     After a completed (or agreed-stopped) run the process group is left initialized (see
-    :func:`trainer.distributed.teardown`); the CLI exits the process right after.
+    :func:`trainer.distributed.bootstrap.teardown`); the CLI exits the process right after.
     """
     with rank_life(cfg) as rank:
         _check_alone(cfg, rank.ctx)

@@ -3,7 +3,7 @@
 Every rank evaluates the same policy at the same steps (it depends only on the step count and
 the config), so the ranks agree on where to save without talking; the save itself is
 collective in the Trainer (the epoch's loss sums are reduced), and rank 0 alone writes, on a
-background thread (:class:`trainer.checkpoint.AsyncWriter`).
+background thread (:class:`trainer.components.checkpoint.AsyncWriter`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer import checkpoint
+from trainer.components import checkpoint
 from trainer.config import CheckpointConfig
-from trainer.loaders import forks_training_process
+from trainer.data.loaders import forks_training_process
 
 log = logging.getLogger(__name__)
 

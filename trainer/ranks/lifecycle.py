@@ -10,14 +10,14 @@ from typing import Any
 
 from torch import nn
 
-from trainer.agreement import collective
 from trainer.build import Workload, build_workload, preflight
+from trainer.components.steps import StepFn
 from trainer.config import JobConfig
-from trainer.distributed import DistContext, join, plan_context, teardown
+from trainer.distributed.agreement import collective
+from trainer.distributed.bootstrap import DistContext, join, plan_context, teardown
 from trainer.errors import AgreedStop, RankLost, TrainerError
-from trainer.outputs import check_output_dir
-from trainer.steps import StepFn
-from trainer.usercode import user_frame
+from trainer.ranks.outputs import check_output_dir
+from trainer.ranks.usercode import user_frame
 
 
 class Rank:
@@ -27,7 +27,7 @@ class Rank:
         self.cfg, self.ctx = cfg, ctx
         self.completed = False
         """Every rank finished (or stopped at the same agreed step): the group is intact and
-        is kept (see :func:`trainer.distributed.teardown`)."""
+        is kept (see :func:`trainer.distributed.bootstrap.teardown`)."""
         self._closing = closing
 
     def prepare(self, *, model: nn.Module | None, dataset: Any, step: StepFn | None
@@ -70,7 +70,7 @@ def rank_life(cfg: JobConfig) -> Iterator[Rank]:
         raise
     except Exception as err:
         # The user's code raised: the group is left to the process's exit, so that the peers
-        # see this rank vanish only after it has reported the cause (see trainer.usercode).
+        # see this rank vanish only after it has reported the cause (see trainer.ranks.usercode).
         broken = not isinstance(err, TrainerError) and user_frame(err) is not None
         raise
     finally:

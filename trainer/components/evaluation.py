@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.distributed import DistContext
-from trainer.steps import StepFn, Tally, as_output, counts_vector
-from trainer.tree import batch_len, take, to_device
+from trainer.components.steps import StepFn, Tally, as_output, counts_vector
+from trainer.components.tree import batch_len, take, to_device
+from trainer.distributed.bootstrap import DistContext
 
 
 @dataclass(frozen=True)

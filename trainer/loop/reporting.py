@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import torch
 
-from trainer.evaluation import EvalResult
-from trainer.interval import StepLog, progress_bar
+from trainer.components.evaluation import EvalResult
+from trainer.loop.interval_stats import StepLog, progress_bar
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 Kubernetes sends SIGTERM to each pod at slightly different moments, so a rank cannot just stop
 where it is: the others would wait for it in the next all-reduce until the timeout. Each rank
-only raises a local flag here; :class:`trainer.agreement.Agreement` reduces the flags at the
-loop's check points, so all ranks see the request at the same step.
+only raises a local flag here; :class:`trainer.distributed.agreement.Agreement` reduces the
+flags at the loop's check points, so all ranks see the request at the same step.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class StopFlag:
-    """Set by SIGTERM; agreed across ranks by :class:`trainer.agreement.Agreement`."""
+    """Set by SIGTERM; agreed across ranks by :class:`trainer.distributed.agreement.Agreement`."""
 
     def __init__(self) -> None:
         self.requested = False

@@ -26,7 +26,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainer.config import JobConfig
 from trainer.data import EpochIndices, IndexView, fetch
-from trainer.distributed import DistContext
+from trainer.distributed.bootstrap import DistContext
 from trainer.errors import DataError, TrainerError
 from trainer.sampling import BatchedSampler, DistributedEvalSampler, DistributedShuffleSampler
 from trainer.sampling.permutation import derive_key
