@@ -112,3 +112,27 @@ def test_flag_help_is_the_field_docstring() -> None:
     for flag, (section, key) in CONFIG_FLAGS.items():
         assert flag in help_text
         assert docs[(section, key)].split()[0] in help_text
+
+
+def test_a_builder_added_to_its_registry_is_a_valid_name_everywhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The registries are the only lists of names: one entry is accepted by the config, listed
+    # in the chart's schema and error messages, and built.
+    import torch
+
+    from trainer.components import optim
+
+    def rmsprop(cfg: object, model: torch.nn.Module, fused: bool | None) -> torch.optim.Optimizer:
+        return torch.optim.RMSprop(model.parameters(), lr=0.1)
+
+    with pytest.raises(ConfigError, match="use one of sgd, adamw, adam"):
+        build_config(None, {"optim": {"name": "rmsprop"}})
+    monkeypatch.setitem(optim.OPTIMIZERS, "rmsprop", rmsprop)
+    cfg = build_config(None, {"optim": {"name": "rmsprop"}})
+    assert isinstance(optim.build_optimizer(cfg.optim, torch.nn.Linear(2, 2)),
+                      torch.optim.RMSprop)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "tools"))
+    from chart_schema import trainer_config_sections
+
+    enum = trainer_config_sections()["optim"]["properties"]["name"]["enum"]
+    assert enum == ["sgd", "adamw", "adam", "rmsprop"]

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import sys
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,9 @@ JSON_TYPES: dict[Any, dict[str, Any]] = {
 def field_schema(annotation: Any, metadata: typing.Mapping[str, Any]) -> dict[str, Any]:
     schema = dict(JSON_TYPES[annotation])
     for key, value in metadata.items():
-        schema[key] = list(value) if isinstance(value, tuple) else value
+        # a tuple of names, or a registry's names (trainer.config.Registry)
+        schema[key] = list(value) if isinstance(value, Sequence) and not isinstance(value, str) \
+            else value
     return schema
 
 

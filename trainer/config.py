@@ -10,11 +10,13 @@ setting fails on every rank at once with one line naming the field and the fix.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +26,38 @@ import yaml
 from trainer.errors import ConfigError
 from trainer.plugins import is_import_path
 
-DATASET_NAMES = ("digits", "synthetic")
+
+class Registry(Sequence[str]):
+    """The names of a registry of named builders, read from the module that holds it (the one
+    list of those names) when first asked: the registries import torch, the config does not."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        """``package.module:ATTRIBUTE``, a mapping keyed by the names."""
+
+    @property
+    def names(self) -> tuple[str, ...]:  # read each time: a module's attribute, ~1 us
+        module, _, attribute = self.where.partition(":")
+        return tuple(getattr(importlib.import_module(module), attribute))
+
+    @typing.overload
+    def __getitem__(self, index: int) -> str: ...
+    @typing.overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return self.names[index]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+DATASET_NAMES = Registry("trainer.data.source:BUILTIN_DATASETS")
 DATA_FORMATS = ("auto", "npy", "images", "arrow", "parquet", "csv", "npz")
 WORKER_STARTS = ("forkserver", "spawn", "fork")
-MODEL_NAMES = ("mymodel", "mlp", "cnn")
-STEP_NAMES = ("classification",)
-OPTIMIZERS = ("sgd", "adamw", "adam")
-SCHEDULES = ("constant", "cosine", "linear", "step")
+MODEL_NAMES = Registry("trainer.components.models:BUILTIN_MODELS")
+STEP_NAMES = Registry("trainer.components.steps:BUILTIN_STEPS")
+OPTIMIZERS = Registry("trainer.components.optim:OPTIMIZERS")
+SCHEDULES = Registry("trainer.components.optim:SCHEDULES")
 PRECISIONS = ("fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "dp")
 SAMPLERS = ("shuffle", "torch")
@@ -42,7 +69,7 @@ INT_BITS = 64
 """Config ints are 64-bit signed (torch seeds, counters, sizes)."""
 
 
-def one_of(names: tuple[str, ...]) -> dict[str, Any]:
+def one_of(names: Sequence[str]) -> dict[str, Any]:
     """Field metadata: the value is one of `names`. :func:`validate` enforces it with a
     message naming the fix; the chart's values schema (tools/chart_schema.py) lists them so
     that ``helm install`` refuses a typo before any pod starts."""

@@ -87,13 +87,18 @@ def cnn(num_classes: int, sample_shape: tuple[int, ...],
                            sample_shape)
 
 
-def _builtins(cfg: ModelConfig) -> dict[str, Callable[..., nn.Module]]:
+BUILTIN_MODELS: dict[str, Callable[[ModelConfig], Callable[..., nn.Module]]] = {
     # model.options override these config fields (functools.partial lets keywords win).
-    return {
-        "mymodel": functools.partial(mymodel, hidden_sizes=cfg.hidden_sizes),
-        "mlp": functools.partial(mlp, hidden_sizes=cfg.hidden_sizes),
-        "cnn": functools.partial(cnn, cnn_channels=cfg.cnn_channels),
-    }
+    "mymodel": lambda cfg: functools.partial(mymodel, hidden_sizes=cfg.hidden_sizes),
+    "mlp": lambda cfg: functools.partial(mlp, hidden_sizes=cfg.hidden_sizes),
+    "cnn": lambda cfg: functools.partial(cnn, cnn_channels=cfg.cnn_channels),
+}
+"""The built-in models by `model.name`: the one list of their names (config.MODEL_NAMES reads
+it)."""
+
+
+def _builtins(cfg: ModelConfig) -> dict[str, Callable[..., nn.Module]]:
+    return {name: make(cfg) for name, make in BUILTIN_MODELS.items()}
 
 
 def resolve(cfg: ModelConfig) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ checkpointed, so a resumed run continues the exact curve.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,17 +38,41 @@ def fused_supported(model: nn.Module) -> bool:
         p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
-def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer:
-    fused = True if fused_supported(model) else None  # None: torch's own default
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                                 betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, fused=fused)
-    if cfg.name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr,
-                                betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
-                                weight_decay=cfg.weight_decay, fused=fused)
+def _sgd(cfg: OptimConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                            weight_decay=cfg.weight_decay, fused=fused)
+
+
+def _adamw(cfg: OptimConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                             betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, fused=fused)
+
+
+def _adam(cfg: OptimConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
+                            eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
+
+
+OPTIMIZERS: dict[str, Callable[[OptimConfig, nn.Module, bool | None], torch.optim.Optimizer]] = {
+    "sgd": _sgd, "adamw": _adamw, "adam": _adam}
+"""The optimizers by `optim.name`: the one list of their names (config.OPTIMIZERS reads it)."""
+
+
+def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer:
+    fused = True if fused_supported(model) else None  # None: torch's own default
+    return OPTIMIZERS[cfg.name](cfg, model, fused)
+
+
+SCHEDULES: dict[str, Callable[[OptimConfig, int, float], float]] = {
+    # (config, updates since the warmup, fraction of the post-warmup span done) -> lr
+    "constant": lambda c, after, progress: c.lr,
+    "cosine": lambda c, after, progress: (
+        c.min_lr + (c.lr - c.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))),
+    "linear": lambda c, after, progress: c.lr - (c.lr - c.min_lr) * progress,
+    "step": lambda c, after, progress: c.lr * c.gamma ** (after // c.step_size),
+}
+"""The learning-rate schedules by `optim.schedule` after the warmup: the one list of their
+names (config.SCHEDULES reads it)."""
 
 
 @dataclass
@@ -63,15 +88,8 @@ class Schedule:
         if s < c.warmup_steps:
             return c.lr * (s + 1) / c.warmup_steps
         after = s - c.warmup_steps
-        if c.schedule == "step":
-            return c.lr * c.gamma ** (after // c.step_size)
-        if c.schedule == "constant":
-            return c.lr
         span = max(1, self.total_steps - c.warmup_steps - 1)
-        progress = min(1.0, after / span)
-        if c.schedule == "cosine":
-            return c.min_lr + (c.lr - c.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
-        return c.lr - (c.lr - c.min_lr) * progress  # linear
+        return SCHEDULES[c.schedule](c, after, min(1.0, after / span))
 
     def apply(self, optimizer: torch.optim.Optimizer, s: int) -> float:
         lr = self.lr_at(s)

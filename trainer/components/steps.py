@@ -217,6 +217,8 @@ class ClassificationStep:
 
 
 BUILTIN_STEPS: dict[str, Callable[[], StepFn]] = {"classification": ClassificationStep}
+"""The built-in steps by `train.step`: the one list of their names (config.STEP_NAMES reads
+it)."""
 
 
 def build_step(spec: str) -> StepFn:

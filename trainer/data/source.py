@@ -49,13 +49,18 @@ class DataSplits:
     ``class_names``); kept in checkpoints and in summary.json."""
 
 
+BUILTIN_DATASETS: dict[str, Callable[[DataConfig, int], Callable[..., Any]]] = {
+    "digits": lambda cfg, seed: functools.partial(memory.digits, num_classes=cfg.num_classes),
+    "synthetic": lambda cfg, seed: functools.partial(
+        memory.synthetic, samples=cfg.synthetic_samples, features=cfg.synthetic_features,
+        classes=cfg.synthetic_classes, seed=seed, num_classes=cfg.num_classes),
+}
+"""The built-in datasets by `data.dataset`: the one list of their names (config.DATASET_NAMES
+reads it)."""
+
+
 def _builtins(cfg: DataConfig, seed: int) -> dict[str, Callable[..., Any]]:
-    return {
-        "digits": functools.partial(memory.digits, num_classes=cfg.num_classes),
-        "synthetic": functools.partial(
-            memory.synthetic, samples=cfg.synthetic_samples, features=cfg.synthetic_features,
-            classes=cfg.synthetic_classes, seed=seed, num_classes=cfg.num_classes),
-    }
+    return {name: make(cfg, seed) for name, make in BUILTIN_DATASETS.items()}
 
 
 def _file_factory(cfg: DataConfig, seed: int) -> Callable[..., Any]:
