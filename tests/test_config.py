@@ -136,3 +136,29 @@ def test_a_builder_added_to_its_registry_is_a_valid_name_everywhere(
 
     enum = trainer_config_sections()["optim"]["properties"]["name"]["enum"]
     assert enum == ["sgd", "adamw", "adam", "rmsprop"]
+
+
+def test_run_hands_its_ranks_the_validated_config_not_its_arguments(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The ranks get the config `run` built (file, --set, flags merged and validated) as one
+    # value, and train with exactly it: no argv to re-parse, no file to re-read.
+    from trainer import cli
+    from trainer.ranks import launcher, runner
+
+    config = tmp_path / "run.yaml"
+    config.write_text("train: {epochs: 3}\nmodel: {name: mlp, options: {dropout: 0.1}}\n")
+    handed: list[list[str]] = []
+    monkeypatch.setattr(launcher, "launch", lambda argv, *a, **k: handed.append(argv) or 0)
+    assert cli.main(["run", "--config", str(config), "--set", "optim.betas=[0.8,0.9]",
+                     "--epochs", "2", "--metrics-port", "0", "--set", "metrics.linger_seconds=0",
+                     "--output-dir", str(tmp_path / "out")]) == 0
+    [argv] = handed
+    assert argv[0] == "rank" and len(argv) == 2 and "--config" not in argv[1]
+    config.unlink()  # the ranks never read it
+    trained: list[JobConfig] = []
+    monkeypatch.setattr(runner, "train", trained.append)
+    assert cli.main(argv) == 0
+    want = build_config(None, {"train": {"epochs": 2}, "model": {
+        "name": "mlp", "options": {"dropout": 0.1}}, "optim": {"betas": [0.8, 0.9]},
+        "metrics": {"port": 0, "linger_seconds": 0}, "output": {"dir": str(tmp_path / "out")}})
+    assert trained == [want]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import functools
 import inspect
 import logging
@@ -18,6 +19,8 @@ import typing
 import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
+
+import yaml
 
 from trainer import __version__
 from trainer.config import DistConfig, JobConfig, build_config, check_timeout
@@ -116,23 +119,30 @@ def _overridden(ns: argparse.Namespace) -> list[tuple[str, str]]:
             if (name := item.partition("=")[0]) in keys]
 
 
-def forwarded_args(ns: argparse.Namespace) -> list[str]:
-    """The config flags of `ns` as argv for a rank process (without the `--set` items a flag
-    overrides: the launcher warned about them once)."""
-    argv: list[str] = []
-    if ns.config is not None:
-        argv += ["--config", ns.config]
-    for flag in CONFIG_FLAGS:
-        value = _flag_value(ns, flag)
-        if value is not None:
-            argv += [flag, str(value)]
-    dropped = {item for _, item in _overridden(ns)}
-    for item in ns.set:
-        if item not in dropped:
-            argv += ["--set", item]
-    if ns.debug:
-        argv.append("--debug")
-    return argv
+def _plain(value: Any) -> Any:
+    """Tuples as lists, at any depth (YAML's safe dumper writes lists, not tuples)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def config_text(cfg: JobConfig) -> str:
+    """`cfg` as one line of YAML: how `run` hands the config it validated to its ranks (the
+    `rank` command reads it back with :func:`config_from_text`), so the ranks neither re-read
+    the flags, the `--set` items and the config file nor validate them again."""
+    text: str = yaml.safe_dump(_plain(dataclasses.asdict(cfg)), default_flow_style=True,
+                               width=float("inf"), sort_keys=False)
+    return text.strip()
+
+
+def config_from_text(text: str) -> JobConfig:
+    """The config :func:`config_text` wrote: its values type-checked into the dataclasses (the
+    launcher validated them)."""
+    from trainer.config import merge
+
+    return merge(JobConfig(), yaml.safe_load(text), "the launcher's config")
 
 
 def _config(ns: argparse.Namespace) -> JobConfig:
@@ -155,6 +165,14 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from trainer.ranks import runner
 
     runner.train(_config(ns))
+    return 0
+
+
+def cmd_rank(ns: argparse.Namespace) -> int:
+    """One rank of `run` (without a script): train with the launcher's config."""
+    from trainer.ranks import runner
+
+    runner.train(config_from_text(ns.config_text))
     return 0
 
 
@@ -191,7 +209,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     else:
         check_config(cfg)  # import paths resolve, files exist; the ranks load the data
         check_output_dir(cfg.output.dir, create=True)  # once here, not once per rank
-        rank_argv = ["train", *forwarded_args(ns)]
+        rank_argv = ["rank", config_text(cfg), *(["--debug"] if ns.debug else [])]
     if ns.nproc_per_node < 1:
         raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
     if ns.max_restarts < 0:
@@ -278,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                    help="arguments of the script")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("rank")  # one rank of `run`; hidden from the help
+    p.add_argument("config_text")
+    _add_common(p)
+    p.set_defaults(func=cmd_rank)
 
     p = sub.add_parser("script")  # one rank of `run SCRIPT`; hidden from the help
     p.add_argument("path")
