@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainer.cli import CONFIG_FLAGS, build_parser, field_docs
-from trainer.config import JobConfig, build_config, parse_set
+from trainer.config import JobConfig
+from trainer.config_load import build_config, parse_set
 from trainer.errors import ConfigError
 
 

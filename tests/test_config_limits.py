@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from trainer.config import JobConfig, validate
+from trainer.config import JobConfig
+from trainer.config_load import validate
 from trainer.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

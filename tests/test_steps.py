@@ -19,7 +19,8 @@ from trainer.components.steps import (
     check_output,
 )
 from trainer.components.tree import batch_len, take, to_device
-from trainer.config import JobConfig, merge, parse_set
+from trainer.config import JobConfig
+from trainer.config_load import merge, parse_set
 from trainer.errors import DataError
 
 

@@ -23,7 +23,8 @@ from typing import Any
 from torch import nn
 
 from trainer.components.steps import StepFn
-from trainer.config import JobConfig, build_config, merge, validate
+from trainer.config import JobConfig
+from trainer.config_load import build_config, merge, validate
 from trainer.errors import ConfigError
 
 ConfigLike = JobConfig | Mapping[str, Any] | str | Path | None

@@ -23,7 +23,8 @@ from typing import Any, NoReturn
 import yaml
 
 from trainer import __version__
-from trainer.config import DistConfig, JobConfig, build_config, check_timeout
+from trainer.config import DistConfig, JobConfig
+from trainer.config_load import build_config, check_timeout
 from trainer.errors import RankLost, TrainerError
 
 # flag -> (section, key): a shortcut for one config field; its type and help are the field's.
@@ -101,7 +102,7 @@ def _flag_value(ns: argparse.Namespace, flag: str) -> Any:
 def cli_overrides(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """The `--set` values and the flags' values, as two layers: the flags win, but each `--set`
     value is type-checked even when a flag replaces it."""
-    from trainer.config import parse_set
+    from trainer.config_load import parse_set
 
     flags: dict[str, Any] = {}
     for flag, (section, key) in CONFIG_FLAGS.items():
@@ -140,7 +141,7 @@ def config_text(cfg: JobConfig) -> str:
 def config_from_text(text: str) -> JobConfig:
     """The config :func:`config_text` wrote: its values type-checked into the dataclasses (the
     launcher validated them)."""
-    from trainer.config import merge
+    from trainer.config_load import merge
 
     return merge(JobConfig(), yaml.safe_load(text), "the launcher's config")
 
@@ -148,7 +149,7 @@ def config_from_text(text: str) -> JobConfig:
 def _config(ns: argparse.Namespace) -> JobConfig:
     """The validated config; then one warning line per `--set` a flag overrides with another
     value."""
-    from trainer.config import merge, parse_set
+    from trainer.config_load import merge, parse_set
 
     cfg = build_config(ns.config, *cli_overrides(ns))
     for flag, item in _overridden(ns):

@@ -138,7 +138,7 @@ def test_trainer_accepts_the_rendered_config_file(
     helm4: str, value_set: str, tmp_path: Path
 ) -> None:
     sys.path.insert(0, str(REPO))
-    from trainer.config import build_config
+    from trainer.config_load import build_config
 
     cfg_file = tmp_path / "config.yaml"
     cfg_file.write_text(yaml.safe_dump(rendered_config(helm4, value_set)))

@@ -14,7 +14,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trainer.cli import CONFIG_FLAGS, _config, build_parser
-from trainer.config import JobConfig, build_config, parse_set
+from trainer.config import JobConfig
+from trainer.config_load import build_config, parse_set
 from trainer.errors import ConfigError
 
 KEYS = [(section.name, f.name) for section in dataclasses.fields(JobConfig)

@@ -21,7 +21,8 @@ from trainer.components.compiling import check_available
 from trainer.components.evaluation import evaluate
 from trainer.components.precision import Precision
 from trainer.components.steps import StepFn
-from trainer.config import JobConfig, merge, saved_config, validate
+from trainer.config import JobConfig, saved_config
+from trainer.config_load import merge, validate
 from trainer.data.loaders import eval_loader, worker_options
 from trainer.distributed.agreement import agree_resume, collective
 from trainer.distributed.bootstrap import DistContext

@@ -1,0 +1,330 @@
+"""Reading a config: the defaults of :mod:`trainer.config`, then the YAML file given with
+``--config``, then the command line (``--set`` items, then flags: highest first, flags win),
+merged key by key with each value type-checked, then validated. The YAML file has one mapping
+per section, named as the fields of :class:`~trainer.config.JobConfig` (``data``, ``model``,
+``optim``, ``train``, ``checkpoint``, ``dist``, ``metrics``, ``output``). Every value is
+validated before ``init_process_group`` so a bad setting fails on every rank at once with one
+line naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.config import (
+    BACKENDS,
+    DATA_FORMATS,
+    DATASET_NAMES,
+    DEVICES,
+    INT_BITS,
+    MAX_TIMEOUT_SECONDS,
+    MODEL_NAMES,
+    OPTIMIZERS,
+    PRECISIONS,
+    SAMPLERS,
+    SCHEDULES,
+    STEP_NAMES,
+    STRATEGIES,
+    WORKER_STARTS,
+    JobConfig,
+)
+from trainer.errors import ConfigError
+from trainer.plugins import is_import_path
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """`repr(value)` cut to `limit` characters, for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text)} characters)"
+
+
+def check_timeout(where: str, value: float, fix: str) -> None:
+    """A timeout in seconds: finite, > 0 and at most MAX_TIMEOUT_SECONDS."""
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_SECONDS):
+        raise ConfigError(f"{where}: {value:g} is not a number of seconds in (0, "
+                          f"{MAX_TIMEOUT_SECONDS:.0f}]", fix)
+
+
+def _check_type(where: str, value: Any, annotation: Any) -> Any:
+    """Coerce YAML/CLI `value` to `annotation` or raise ConfigError naming `where`."""
+    origin = typing.get_origin(annotation)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{where}: expected a mapping with string keys, got {value!r}",
+                              "write it as {key: value, ...}")
+        return dict(value)
+    if origin is list:
+        (item_type,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}", "write it as [a, b, ...]")
+        return [_check_type(f"{where}[{i}]", v, item_type) for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        raise AssertionError(f"unsupported annotation {annotation}")  # not used by any field
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not -(2 ** (INT_BITS - 1)) <= value < 2 ** (INT_BITS - 1):
+                raise ConfigError(f"{where}: {_short(value)} does not fit in {INT_BITS} bits",
+                                  f"set {where} to a smaller int")
+            return value
+    elif annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except OverflowError:
+                raise ConfigError(f"{where}: {_short(value)} is too large for a float",
+                                  f"set {where} to a number below 1e308") from None
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise AssertionError(f"unsupported annotation {annotation}")
+    raise ConfigError(
+        f"{where}: expected {annotation.__name__}, got {type(value).__name__} {_short(value)}",
+        f"set {where} to a {annotation.__name__}",
+    )
+
+
+def _section_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
+    """Apply a nested mapping `{section: {key: value}}` onto `cfg`, checking every key."""
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections", "see README 'Configuration'")
+    sections = _section_types(JobConfig)
+    for section, values in overrides.items():
+        if section not in sections:
+            raise ConfigError(
+                f"{source}: unknown section {section!r}",
+                f"use one of: {', '.join(sections)}",
+            )
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping",
+                              "write it as key: value lines")
+        target = getattr(cfg, section)
+        hints = _section_types(type(target))
+        for key, value in values.items():
+            if key not in hints:
+                raise ConfigError(
+                    f"{source}: unknown key {section}.{key}",
+                    f"valid keys of {section}: {', '.join(hints)}",
+                )
+            checked = _check_type(f"{section}.{key}", value, hints[key])
+            if isinstance(checked, dict):  # free-form mappings merge key by key
+                checked = {**getattr(target, key), **checked}
+            setattr(target, key, checked)
+    return cfg
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+# YAML 1.2's floats, which PyYAML (YAML 1.1) reads as strings when they have an exponent and no
+# dot: `1e-05` is how Helm's toYaml writes `lr: 0.00001` from a chart's values, and how Python
+# and JSON print small numbers.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: the problem and where (PyYAML's own text spans lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{exc.problem}{where}"
+    return " ".join(str(exc).split())
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    fix = "pass a readable UTF-8 YAML file to --config"
+    if str(path) == "":
+        raise ConfigError("--config '' names no file", "pass a YAML file, or leave --config out")
+    if p.is_dir():
+        raise ConfigError(f"config file {p} is a directory", fix)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist", "pass an existing file to --config")
+    if not p.is_file():
+        raise ConfigError(f"config file {p} is not a regular file (a device, pipe or socket)",
+                          fix)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {p} cannot be read ({exc.strerror})", fix) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte "
+                          f"0x{exc.object[exc.start]:02x} at offset {exc.start})",
+                          "save it as UTF-8") from None
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {_yaml_problem(exc)}",
+                          "fix the YAML there (each key once per mapping)") from None
+    return loaded or {}
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """Turn `--set section.key=value` items into a nested mapping; values are YAML scalars.
+
+    A longer key reaches into a mapping field: `--set model.options.depth=4`.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        parts = name.split(".")
+        if not sep or len(parts) < 2 or not all(parts):
+            raise ConfigError(f"--set {item!r} is malformed", "write --set section.key=value")
+        node = out
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r} conflicts with an earlier --set of "
+                                  f"{part!r}", "set a key or its sub-keys, not both")
+            node = child
+        try:
+            node[parts[-1]] = yaml.load(raw, Loader=_UniqueKeyLoader) if raw else ""  # noqa: S506
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML: "
+                              f"{_yaml_problem(exc)}", "write a YAML scalar, [list] or {mapping} "
+                              "with each key once (quote a string that is none of these)") from None
+    return out
+
+
+def build_config(config_file: str | None, *cli: dict[str, Any]) -> JobConfig:
+    """Defaults, then the YAML file, then each layer of CLI overrides in turn (`--set`, then
+    the flags: each value type-checked even when a later layer replaces it); validated."""
+    cfg = JobConfig()
+    if config_file is not None:
+        merge(cfg, load_yaml(config_file), f"config file {config_file}")
+    for layer in cli:
+        merge(cfg, layer, "command line")
+    validate(cfg)
+    return cfg
+
+
+def _require(ok: bool, where: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {problem}", fix)
+
+
+def validate(cfg: JobConfig) -> None:
+    d, m, o, t, c = cfg.data, cfg.model, cfg.optim, cfg.train, cfg.checkpoint
+    if not (d.dataset in DATASET_NAMES or is_import_path(d.dataset)):
+        looks_like_path = os.sep in d.dataset or bool(os.path.splitext(d.dataset)[1])
+        _require(os.path.exists(d.dataset), "data.dataset",
+                 f"data path {d.dataset} does not exist" if looks_like_path else
+                 f"unknown dataset {d.dataset!r} (not a built-in, an import path or a path)",
+                 "pass an existing file or directory" if looks_like_path else
+                 f"use one of {', '.join(DATASET_NAMES)}, a data path or package.module:callable")
+    _require(0.0 <= d.val_fraction < 1.0, "data.val_fraction",
+             f"{d.val_fraction} is outside [0, 1)", "use e.g. --val-fraction 0.2")
+    for name in ("synthetic_samples", "synthetic_features"):
+        _require(getattr(d, name) >= 1, f"data.{name}", "must be >= 1",
+                 f"set data.{name} to 1 or more")
+    _require(d.synthetic_classes >= 2, "data.synthetic_classes", "must be >= 2", "use 2 or more")
+    _require(d.num_classes >= 0, "data.num_classes", "must be >= 0", "use 0 to infer it")
+    _require(d.num_workers >= 0, "data.num_workers", "must be >= 0", "use 0 or more")
+    _require(d.prefetch_factor >= 1, "data.prefetch_factor", "must be >= 1", "use e.g. 2")
+    _require(d.worker_start in WORKER_STARTS, "data.worker_start",
+             f"unknown start method {d.worker_start!r}", f"use one of {', '.join(WORKER_STARTS)}")
+    _require(d.format in DATA_FORMATS, "data.format", f"unknown format {d.format!r}",
+             f"use one of {', '.join(DATA_FORMATS)}")
+    _require(d.format == "auto" or not (d.dataset in DATASET_NAMES or is_import_path(d.dataset)),
+             "data.format", f"{d.format!r} describes a data path, but data.dataset is "
+             f"{d.dataset!r}", "leave data.format at auto, or pass a data path with --dataset")
+    _require(d.image_size >= 8, "data.image_size", f"{d.image_size} < 8", "use e.g. 224")
+    _require(len(d.image_mean) == 3, "data.image_mean", "needs 3 values (R, G, B)",
+             "e.g. [0.485, 0.456, 0.406]")
+    _require(len(d.image_std) == 3 and min(d.image_std) > 0, "data.image_std",
+             "needs 3 values > 0 (R, G, B)", "e.g. [0.229, 0.224, 0.225]")
+    _require(m.name in MODEL_NAMES or is_import_path(m.name), "model.name",
+             f"unknown model {m.name!r}",
+             f"use one of {', '.join(MODEL_NAMES)} or an import path package.module:callable")
+    _require(t.step in STEP_NAMES or is_import_path(t.step), "train.step",
+             f"unknown step {t.step!r}",
+             f"use one of {', '.join(STEP_NAMES)} or an import path package.module:callable")
+    _require(bool(m.hidden_sizes) and min(m.hidden_sizes) >= 1, "model.hidden_sizes",
+             "needs at least one width, all >= 1", "e.g. [128, 64]")
+    _require(len(m.cnn_channels) == 2 and min(m.cnn_channels) >= 1, "model.cnn_channels",
+             "needs two channel counts >= 1", "e.g. [16, 32]")
+    _require(math.isfinite(o.lr) and o.lr > 0, "optim.lr", f"{o.lr} is not a positive number",
+             "use e.g. --lr 0.05")
+    _require(o.name in OPTIMIZERS, "optim.name", f"unknown optimizer {o.name!r}",
+             f"use one of {', '.join(OPTIMIZERS)}")
+    _require(0.0 <= o.momentum < 1.0, "optim.momentum", "must be in [0, 1)", "use e.g. 0.9")
+    _require(o.schedule in SCHEDULES, "optim.schedule", f"unknown schedule {o.schedule!r}",
+             f"use one of {', '.join(SCHEDULES)}")
+    _require(o.warmup_steps >= 0, "optim.warmup_steps", f"{o.warmup_steps} < 0",
+             "use 0 (no warm-up) or more")
+    _require(math.isfinite(o.min_lr) and 0 <= o.min_lr <= o.lr, "optim.min_lr",
+             f"{o.min_lr} is not in [0, optim.lr]", "use e.g. 0 or lr / 10")
+    _require(o.step_size >= 1, "optim.step_size", "must be >= 1", "use e.g. 1000")
+    _require(math.isfinite(o.gamma) and 0 < o.gamma <= 1, "optim.gamma", "must be in (0, 1]",
+             "use e.g. 0.1")
+    _require(math.isfinite(o.grad_clip) and o.grad_clip >= 0, "optim.grad_clip", "must be >= 0",
+             "use 0 (off) or a max norm such as 1.0")
+    _require(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
+             f"{o.betas} is not two numbers in [0, 1)", "use e.g. [0.9, 0.999]")
+    _require(math.isfinite(o.eps) and o.eps > 0, "optim.eps", "must be > 0", "use e.g. 1e-8")
+    _require(math.isfinite(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay",
+             f"{o.weight_decay} is not a finite number >= 0", "use 0 or more, e.g. 0.01")
+    _require(t.epochs >= 1, "train.epochs", f"{t.epochs} < 1", "use --epochs 1 or more")
+    _require(0 <= t.seed < 2 ** (INT_BITS - 1), "train.seed", f"{t.seed} is outside [0, 2**63)",
+             "use e.g. --seed 0")
+    _require(t.max_steps >= 0, "train.max_steps", "must be >= 0", "use 0 for no limit")
+    _require(t.batch_size >= 1, "train.batch_size", f"{t.batch_size} < 1",
+             "use --batch-size 1 or more")
+    _require(t.precision in PRECISIONS, "train.precision", f"unknown precision {t.precision!r}",
+             f"use one of {', '.join(PRECISIONS)}")
+    _require(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"{t.grad_accum_steps} < 1",
+             "use 1 (no accumulation) or more")
+    _require(t.strategy in STRATEGIES, "train.strategy", f"unknown strategy {t.strategy!r}",
+             f"use one of {', '.join(STRATEGIES)}")
+    _require(t.sampler in SAMPLERS, "train.sampler", f"unknown sampler {t.sampler!r}",
+             f"use one of {', '.join(SAMPLERS)}")
+    _require(t.log_every >= 1, "train.log_every", "must be >= 1", "use 1 or more")
+    _require(math.isfinite(t.log_seconds) and t.log_seconds >= 0, "train.log_seconds",
+             "must be >= 0", "use e.g. 1, or 0 to report every train.log_every steps")
+    _require(math.isfinite(t.stop_check_seconds) and t.stop_check_seconds > 0,
+             "train.stop_check_seconds", "must be > 0", "use e.g. 15")
+    _require(t.device in DEVICES, "train.device", f"unknown device {t.device!r}",
+             f"use one of {', '.join(DEVICES)}")
+    _require(c.every >= 0, "checkpoint.every", "must be >= 0", "use 0 for epoch ends only")
+    _require(bool(cfg.output.dir), "output.dir", "is empty (outputs never go to an unnamed "
+             "directory)", "name the directory, e.g. --output-dir outputs")
+    _require(c.keep >= 1, "checkpoint.keep", "must be >= 1", "keep at least one checkpoint")
+    _require(cfg.dist.backend in BACKENDS, "dist.backend", f"unknown backend {cfg.dist.backend!r}",
+             f"use one of {', '.join(BACKENDS)}")
+    check_timeout("dist.timeout_seconds", cfg.dist.timeout_seconds, "use e.g. --timeout 600")
+    _require(0 <= cfg.metrics.port <= 65535, "metrics.port", f"{cfg.metrics.port} is not a port",
+             "use 0 (off) or 1-65535")
+    _require(math.isfinite(cfg.metrics.linger_seconds) and cfg.metrics.linger_seconds >= 0,
+             "metrics.linger_seconds", "must be >= 0", "use 0 to stop serving at once")
