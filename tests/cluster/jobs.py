@@ -181,12 +181,16 @@ def container_id(release: Release, pod: str) -> str:
     return found[0]
 
 
+def ctr(*args: str) -> str:
+    """containerd's `ctr` on the node's socket, in the kubelet's namespace; its output."""
+    return subprocess.run(["ctr", "--address", str(node_paths().containerd_socket), "-n",
+                           "k8s.io", *args], check=True, capture_output=True, text=True).stdout
+
+
 def kill_container(release: Release, pod: str, signal: str = "SIGKILL") -> None:
     """`signal` to the container's process (the trainer is PID 1 of its container), from the
     runtime as the kernel's OOM killer or a crash would end it."""
-    subprocess.run(["ctr", "--address", str(node_paths().containerd_socket), "-n", "k8s.io",
-                    "task", "kill", "-s", signal, container_id(release, pod)],
-                   check=True, capture_output=True, text=True)
+    ctr("task", "kill", "-s", signal, container_id(release, pod))
 
 
 def cpu_quota_file(release: Release, pod: str) -> Path:
@@ -194,9 +198,7 @@ def cpu_quota_file(release: Release, pod: str) -> Path:
     kubelet set it from the container's CPU limit): writing it throttles the container as a
     lower limit, or a noisy neighbour, would."""
     cid = container_id(release, pod)
-    tasks = subprocess.run(["ctr", "--address", str(node_paths().containerd_socket), "-n",
-                            "k8s.io", "task", "ls"], check=True, capture_output=True,
-                           text=True).stdout
+    tasks = ctr("task", "ls")
     (pid,) = [line.split()[1] for line in tasks.splitlines() if line.startswith(cid)]
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
