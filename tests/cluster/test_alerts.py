@@ -35,7 +35,7 @@ EXPLODING: dict[str, Any] = {
 # A learning rate of 1e6: NaN within the first log interval; the ranks stop together with
 # TrainingDiverged (exit 3) and serve the NaN for metrics.linger_seconds before they leave.
 NOT_FINITE: dict[str, Any] = {"trainerConfig": {
-    "optim": {"lr": 1e6}, "metrics": {"linger_seconds": 30}}}
+    "optim": {"lr": 1e6}, "metrics": {"linger_seconds": 30}}, **FAST_SCRAPES}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,10 @@ def test_a_learning_rate_too_high_fires_the_exploding_loss_alert(
 def test_a_nan_loss_fires_the_not_finite_alert_and_the_ranks_stop(
         diverging: dict[str, Release]) -> None:
     release = diverging["nan"]
-    alert = wait_for_alert(release, "DDPTrainerLossNotFinite")
+    # Restarted after each exit 3, the Master serves its NaN for 30 s per attempt; by the time
+    # the exploding run's test is done its restarts may be in CrashLoopBackOff, whose delay
+    # doubles up to 5 min: the wait covers one full delay and an attempt.
+    alert = wait_for_alert(release, "DDPTrainerLossNotFinite", timeout=420)
     assert alert["labels"]["split"] == "train" and not math.isfinite(float(alert["value"]))
     master = release.pod("master")
     wait_until(lambda: restarts(release, master)[1] == 3,
