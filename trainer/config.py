@@ -20,7 +20,8 @@ from trainer.errors import ConfigError
 
 class Registry(Sequence[str]):
     """The names of a registry of named builders, read from the module that holds it (the one
-    list of those names) when first asked: the registries import torch, the config does not."""
+    list of those names) each time they are asked for: the registries import torch, the config
+    does not, and a builder added at run time is a valid name at once."""
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -40,6 +41,12 @@ class Registry(Sequence[str]):
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
 
 
 DATASET_NAMES = Registry("trainer.data.source:BUILTIN_DATASETS")

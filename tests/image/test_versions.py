@@ -53,3 +53,11 @@ def test_image_source_label_is_the_charts_source() -> None:
     assert label in chart["sources"]
     assert chart["annotations"]["licenses"] == parse().final.labels()[
         "org.opencontainers.image.licenses"]
+
+
+def test_the_examples_build_on_the_image_of_this_version() -> None:
+    readme = (REPO / "README.md").read_text()
+    dockerfile = (REPO / "examples" / "mytask" / "Dockerfile").read_text()
+    for text in (readme, dockerfile):
+        tags = re.findall(r"^FROM ghcr\.io/ddp-trainer/ddp-trainer:(\S+)$", text, re.MULTILINE)
+        assert tags == [__version__], tags

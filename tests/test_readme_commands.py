@@ -1,0 +1,108 @@
+"""Every `ddp-trainer` command in the bash blocks of the README and the mytask README runs,
+shortened (2 ranks at most, 2 optimizer steps, no metrics port, outputs in a temporary
+directory), on data made as the README's snippets make it, so the docs cannot go stale
+silently. A command naming a path this test cannot make fails it: a new example comes with its
+data here. `make` targets are left out (CI runs them), and so are cluster commands (helm,
+kubectl, docker: the cluster tests run those paths)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, read_json, run_cli
+
+from tests.data.datagen import arrays, images
+
+DOCS = (REPO / "README.md", REPO / "examples" / "mytask" / "README.md")
+ENV = {"PYTHONPATH": f"{REPO}:{REPO / 'examples' / 'mytask'}"}
+
+
+def commands(doc: Path) -> list[str]:
+    """The `ddp-trainer` commands of `doc`'s bash blocks, continuation lines joined, comments
+    dropped."""
+    found = []
+    for block in re.findall(r"^```bash\n(.*?)^```", doc.read_text(), re.M | re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words and words[0] in ("ddp-trainer", ".venv/bin/ddp-trainer"):
+                found.append(shlex.join(words[1:]))
+    return found
+
+
+def _pets(n: int = 64) -> object:
+    import datasets
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, n)
+    pixels = (rng.standard_normal((n, 12)) + labels[:, None]).astype("float32")
+    return datasets.Dataset.from_dict(
+        {"pixels": pixels.tolist(), "label": labels.tolist()},
+        features=datasets.Features({"pixels": datasets.Sequence(datasets.Value("float32")),
+                                    "label": datasets.ClassLabel(names=["cat", "dog"])}))
+
+
+def _csv(path: Path) -> None:
+    x, y = arrays(path.parent / "csv-arrays", n=90, shape=(4,))
+    rows = [",".join([*(f"{v:.4f}" for v in features), str(label)])
+            for features, label in zip(x, y, strict=True)]
+    path.write_text("f1,f2,f3,f4,species_id\n" + "\n".join(rows) + "\n")
+
+
+def _npz(path: Path) -> None:
+    x, y = arrays(path.parent / "npz-arrays", n=90, shape=(5,))
+    np.savez(path, x=x, y=y)
+
+
+# README path -> how the README's snippet makes it, here under a temporary directory
+DATA: dict[str, Callable[[Path], object]] = {
+    "/data/big": lambda p: arrays(p, n=256, shape=(64,)),
+    "/data/flowers": lambda p: images(p, classes=("daisy", "rose"), per_class=8),
+    "/data/pets-pq": lambda p: (p.mkdir(), _pets().to_parquet(str(p / "part-0.parquet"))),
+    "/data/pets": lambda p: _pets().save_to_disk(str(p)),
+    "/data/iris.csv": _csv,
+    "/data/small.npz": _npz,
+    "/scratch/arrow-cache": lambda p: p.mkdir(),
+}
+PLACEHOLDER = re.compile(r"/(?:data|scratch)/[\w.-]+")
+
+CASES = [(doc.relative_to(REPO).as_posix(), command) for doc in DOCS for command in commands(doc)]
+
+
+def test_the_docs_have_commands_to_run() -> None:
+    assert len([c for d, c in CASES if d == "README.md"]) >= 7 and len(CASES) >= 10, CASES
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("doc", "command"), CASES, ids=[f"{d}:{c[:60]}" for d, c in CASES])
+def test_a_documented_command_runs(doc: str, command: str, tmp_path: Path) -> None:
+    def place(match: re.Match[str]) -> str:
+        path = match.group(0)
+        assert path in DATA, f"{doc}: `{command}` names {path}: add how to make it to DATA"
+        local = tmp_path / path.strip("/").replace("/", "-")
+        if not local.exists():
+            DATA[path](local)
+        return str(local)
+
+    args = shlex.split(PLACEHOLDER.sub(place, command))
+    if "--nproc-per-node" in args:  # this machine's CPU ranks, not the example's GPUs
+        at = args.index("--nproc-per-node") + 1
+        args[at] = str(min(int(args[at]), 2))
+    out = tmp_path / "out"
+    script = next((a for a in args if a.endswith(".py")), None)
+    if script is None:
+        args += ["--max-steps", "2", "--metrics-port", "0", "--set", "metrics.linger_seconds=0",
+                 "--output-dir", str(out)]
+    else:  # flags after the script are the script's own
+        at = args.index(script)
+        args[at:at] = ["--set", "metrics.linger_seconds=0"]
+        args += ["--output-dir", str(out)]
+    proc = run_cli(*args, env=ENV, timeout=400)
+    assert proc.returncode == 0, f"{doc}: {shlex.join(args)}\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr
+    if script is None:
+        assert read_json(out / "summary.json")["steps"] == 2
