@@ -210,13 +210,27 @@ class TrainerMetrics:
                 "Peak CUDA memory allocated by tensors of this rank.",
             )
 
-        # In multiprocess mode a gauge's value written at construction carries timestamp 0
-        # and loses against a dead predecessor's; set() stamps it, so the zero start-up
-        # values of a fresh process are the ones exported.
-        for child in (*self.loss.values(), *self.accuracy.values()):
-            child.set(0.0)
-        for g in (self.lr, self.grad_norm, self.epoch, self.progress, self.resumed_step):
-            g.set(0.0)
+        # In multiprocess mode a gauge never set() is not exported at all (its file entry
+        # has timestamp 0), and one set by a dead predecessor would win; set() stamps the
+        # value, so every series exists from start-up and a fresh process's zeros win.
+        zeroed = (
+            *self.loss.values(),
+            *self.accuracy.values(),
+            self.lr,
+            self.grad_norm,
+            self.epoch,
+            self.progress,
+            self.last_step,
+            self.resumed_step,
+            self.last_checkpoint,
+            self.global_loss,
+            self.global_accuracy,
+            self.cuda_allocated,
+            self.cuda_max_allocated,
+        )
+        for g in zeroed:
+            if g is not None:
+                g.set(0.0)
         self.info_gauge.set(1.0)
         self.world_size.set(float(info.world_size))
         self.start_time.set(time.time())
