@@ -55,12 +55,11 @@ run: venv
 		--metrics-bind-address 127.0.0.1 \
 		--set metrics.linger_seconds=0 $(RUN_ARGS)
 
-# Every test, the cluster's included: the cluster comes up first (its build and start-up
-# times printed) and goes down after, whatever the tests' outcome.
+# Every test, the cluster's included: the cluster comes up in the background (its build and
+# start-up times printed) while the other tests run on two workers; then tests/cluster runs
+# alone, and the cluster goes down whatever the outcome (tools/run-tests.sh).
 test: venv tools e2e-tools cluster-tools
-	$(PY) tools/cluster/cluster.py up
-	status=0; PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY) -m pytest -q --durations=15 \
-		|| status=$$?; $(PY) tools/cluster/cluster.py down; exit $$status
+	bash tools/run-tests.sh
 
 # The edit-test loop: unit and in-process tests, no external binaries (under 3 minutes on 2
 # CPU cores). tests/conftest.py marks `slow` what drives helm/podman/the image or starts

@@ -18,6 +18,7 @@ from tests.cluster.jobs import (
     BIN,
     SHORT,
     assert_logs_by_rank,
+    container_id,
     jobs,
     uid,
     wait_until,
@@ -102,15 +103,21 @@ def test_the_kubeflow_training_sdk_reads_and_waits_on_the_charts_job(done: Relea
 
 def test_suspend_deletes_the_pods_and_resume_runs_the_job_to_the_end(
         cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    # 20 short epochs (about 3 s of training), so the run is still going when it is
+    # suspended. It is suspended once its containers run: a pod deleted while its container
+    # is still being created stays Terminating for its whole grace period (120 s).
     release = Release(cluster, release_name(), cluster.namespace("suspend"),
-                      merged(SHORT, {"runPolicy": {"suspend": True}}))
+                      merged(SHORT, {"runPolicy": {"suspend": True},
+                                     "trainerConfig": {"train": {"epochs": 20}}}))
     release.install(chart_ref, tmp=tmp_path)
     ns = release.namespace
     cluster.wait(f"pytorchjob/{release.job}", "condition=Suspended", ns)
     assert uid(release, "master") is None  # suspended from the start: no pods
     resumed = jobs("resume", release.job, "-n", ns)
     assert resumed.returncode == 0, resumed.stderr
-    wait_until(lambda: uid(release, "master") is not None, "the Master pod after resume")
+    for replica in ("master", "worker"):
+        wait_until(lambda r=replica: uid(release, r) is not None, f"the {replica} pod")
+        container_id(release, release.pod(replica))
     suspended = jobs("suspend", release.job, "-n", ns)
     assert suspended.returncode == 0, suspended.stderr
     cluster.wait(f"pytorchjob/{release.job}", "condition=Suspended", ns)

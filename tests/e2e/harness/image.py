@@ -13,12 +13,15 @@ args, so a rerun on the same machine reuses them and any change rebuilds.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,8 +111,24 @@ def context_files() -> list[Path]:
     return files
 
 
+@contextmanager
+def _building(cache: Path) -> Iterator[None]:
+    """One build at a time on this machine: `make test` builds the image for the cluster
+    while the e2e and image tests, in other processes, need it too; the later ones wait
+    and find it built."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def trainer_image(podman: Podman, cache: Path = CACHE) -> BuiltImage:
     """The CPU image of this checkout (built when its inputs changed, else reused)."""
+    with _building(cache):
+        return _trainer_image(podman, cache)
+
+
+def _trainer_image(podman: Podman, cache: Path) -> BuiltImage:
     base = base_image(podman, cache)
     index, torch = local_index(cache)
     version = package_version()
