@@ -28,10 +28,10 @@ from tests.cluster.jobs import (
 )
 from tests.cluster.kube import STATE, Cluster, merged
 
-# 60 short epochs (about 8 s of training here): the suspension comes after the second
-# checkpoint, and the uninterrupted run beside it shares the two cores.
+# 30 short epochs: the suspension comes after the second checkpoint, and the uninterrupted
+# run beside it shares the two cores.
 SUSPENDED: dict[str, Any] = {"trainerConfig": {
-    "train": {"epochs": 60}, "dist": {"timeout_seconds": 60},
+    "train": {"epochs": 30}, "dist": {"timeout_seconds": 60},
     "metrics": {"linger_seconds": 0}}}
 
 
