@@ -46,31 +46,26 @@ def spec(rank: int, port: int, logs: list[dict[str, object]], **extra: object) -
     }
 
 
+def scrape_two_held_ranks(
+    port: int, env: dict[str, str], hold: Path, logs: list[list[dict[str, object]]]
+) -> str:
+    """Ranks 0 and 1 log `logs[rank]` and stay alive while the endpoint is scraped."""
+    ranks = [start_rank(spec(r, port, logs[r], hold=str(hold)), env) for r in (0, 1)]
+    try:
+        return scrape(port)
+    finally:
+        hold.touch()
+        for proc in ranks:
+            assert proc.wait(timeout=30) == 0
+
+
 def test_launcher_serves_both_local_ranks_on_one_port(tmp_path: Path) -> None:
     port = free_port()
     exporter = start_launcher_exporter(MetricsConfig(port=port, bind_address="127.0.0.1"), 2)
     try:
         assert exporter.port == port
-        env = rank_env(exporter.env)
-        hold = tmp_path / "release"
-        ranks = [
-            start_rank(
-                spec(
-                    r,
-                    port,
-                    [{"train/loss": 1.0 + r, "train/steps": 5, "train/accuracy": 0.5}],
-                    hold=str(hold),
-                ),
-                env,
-            )
-            for r in (0, 1)
-        ]
-        try:
-            text = scrape(port)
-        finally:
-            hold.touch()
-            for proc in ranks:
-                assert proc.wait(timeout=30) == 0
+        logs = [[{"train/loss": 1.0 + r, "train/steps": 5, "train/accuracy": 0.5}] for r in (0, 1)]
+        text = scrape_two_held_ranks(port, rank_env(exporter.env), tmp_path / "release", logs)
         assert value(text, "trainer_loss", rank="0", split="train") == 1.0
         assert value(text, "trainer_loss", rank="1", split="train") == 2.0
         assert value(text, "trainer_steps_total", rank="1") == 5
@@ -108,16 +103,8 @@ def test_every_documented_series_is_served_by_the_launcher_before_the_first_log(
     # mode), so four series appeared only with the first step, validation or checkpoint.
     port = free_port()
     exporter = start_launcher_exporter(MetricsConfig(port=port, bind_address="127.0.0.1"), 2)
-    hold = tmp_path / "release"
     try:
-        env = rank_env(exporter.env)
-        ranks = [start_rank(spec(r, port, [], hold=str(hold)), env) for r in (0, 1)]
-        try:
-            text = scrape(port)
-        finally:
-            hold.touch()
-            for proc in ranks:
-                assert proc.wait(timeout=30) == 0
+        text = scrape_two_held_ranks(port, rank_env(exporter.env), tmp_path / "release", [[], []])
     finally:
         exporter.close()
     served = {(name, ls) for name, ls in samples(text)}
