@@ -12,6 +12,7 @@ from tests.cluster import monitoring
 from tests.cluster.helm import CHART, HELM3, REGISTRY, Release, release_name
 from tests.cluster.jobs import KEEP_RESULTS, SHORT, finished, uid, wait_until
 from tests.cluster.kube import Cluster, merged
+from tests.cluster.monitoring import FAST_SCRAPES
 from tests.e2e.harness.image import package_version
 
 
@@ -19,7 +20,12 @@ def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
         cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
     ns = cluster.namespace("pytorchjob")
     # The image `make release` pushed, under the chart's default tag (its appVersion).
-    release = Release(cluster, release_name(), ns, merged(KEEP_RESULTS, {"image": {"tag": ""}}))
+    # Trained and served long enough to be seen: the PodMonitor reaches Prometheus through a
+    # config reload (about 15-25 s apart here), then a rate needs two scrapes; a 4-epoch run
+    # served for 30 s at 15 s scrapes was once gone before that (a CI run).
+    release = Release(cluster, release_name(), ns, merged(
+        KEEP_RESULTS, FAST_SCRAPES, {"image": {"tag": ""}, "trainerConfig": {
+            "train": {"epochs": 100}, "metrics": {"linger_seconds": 30}}}))
     release.install(chart_ref, tmp=tmp_path)
     # The operator's Worker init container ran, admitted under `restricted` (read while the
     # job runs: cleanPodPolicy Running deletes a Worker still running when the Master ends).
