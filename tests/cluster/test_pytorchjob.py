@@ -21,8 +21,8 @@ def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
     ns = cluster.namespace("pytorchjob")
     # The image `make release` pushed, under the chart's default tag (its appVersion).
     # Trained and served long enough to be seen: the PodMonitor reaches Prometheus through a
-    # config reload (about 15-25 s apart here), then a rate needs two scrapes; a 4-epoch run
-    # served for 30 s at 15 s scrapes was once gone before that (a CI run).
+    # config reload (about 15-25 s apart here), then a rate needs two scrapes; the default run
+    # (10 epochs) served for 30 s at 15 s scrapes was once gone before that (a CI run).
     release = Release(cluster, release_name(), ns, merged(
         KEEP_RESULTS, FAST_SCRAPES, {"image": {"tag": ""}, "trainerConfig": {
             "train": {"epochs": 100}, "metrics": {"linger_seconds": 30}}}))
