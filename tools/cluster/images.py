@@ -73,6 +73,9 @@ def _tiny(podman: Podman, paths: Paths, remote: str, containerfile: str,
         (Path(context) / "Containerfile").write_text(containerfile)
         podman.run("build", "--network", "none", "--layers=false", "--tag", local, context)
     push(podman, paths, local, remote)
+    # The registry now holds it. Kept, the tag would pass to the next `cluster up`'s build
+    # and leave this one dangling: 115 MB per up, 107 images after a day of CI runs.
+    podman.run("rmi", local)
 
 
 def system_images(podman: Podman, paths: Paths) -> None:
