@@ -23,10 +23,15 @@ from tests.image.dockerfile import REPO, parse
 
 # The base image's interpreter (Debian bookworm's python3, glibc 2.36): the wheels must fit it.
 PYTHON_VERSION = "3.11"
+BASE_GLIBC_MINOR = 36
+# Every manylinux tag glibc 2.36 runs, best first, as pip inside the image would take them; a
+# custom --platform is not widened by pip. PyPI's CUDA torch needs the old ones: its
+# nvidia-nccl-cu13 is manylinux_2_18, nvidia-nvtx manylinux1 (2_5).
+PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(BASE_GLIBC_MINOR, 4, -1)),
+             "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64")
 PLATFORM_ARGS = ("--only-binary=:all:", "--python-version", PYTHON_VERSION, "--implementation",
-                 "cp", "--abi", "cp311", "--platform", "manylinux_2_28_x86_64", "--platform",
-                 "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform",
-                 "manylinux2014_x86_64")
+                 "cp", "--abi", "cp" + PYTHON_VERSION.replace(".", ""),
+                 *(arg for platform in PLATFORMS for arg in ("--platform", platform)))
 # Where the torch CPU wheel lies on these machines (E2E_WHEELS, os.pathsep-separated, first).
 DEFAULT_WHEEL_DIRS = ("/opt/wheels", str(REPO.parent / "shared" / "wheels"),
                       str(REPO.parent / "shared" / "seed"))
