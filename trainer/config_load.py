@@ -39,6 +39,8 @@ from trainer.config import (
 from trainer.errors import ConfigError
 from trainer.plugins import is_import_path
 
+SHOWN = 120  # characters of a user's value an error line quotes: the line stays readable
+
 
 def _short(value: Any, limit: int = 40) -> str:
     """`repr(value)` cut to `limit` characters, for a one-line message."""
@@ -58,13 +60,14 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ConfigError(f"{where}: expected a mapping with string keys, got {value!r}",
-                              "write it as {key: value, ...}")
+            raise ConfigError(f"{where}: expected a mapping with string keys, got "
+                              f"{_short(value, SHOWN)}", "write it as {key: value, ...}")
         return dict(value)
     if origin is list:
         (item_type,) = typing.get_args(annotation)
         if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, got {value!r}", "write it as [a, b, ...]")
+            raise ConfigError(f"{where}: expected a list, got {_short(value, SHOWN)}",
+                              "write it as [a, b, ...]")
         return [_check_type(f"{where}[{i}]", v, item_type) for i, v in enumerate(value)]
     if origin in (typing.Union, types.UnionType):
         raise AssertionError(f"unsupported annotation {annotation}")  # not used by any field
@@ -107,13 +110,13 @@ def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
     for section, values in overrides.items():
         if section not in sections:
             raise ConfigError(
-                f"{source}: unknown section {section!r}",
+                f"{source}: unknown section {_short(section, SHOWN)}",
                 f"use one of: {', '.join(sections)}",
             )
         if values is None:
             continue
         if not isinstance(values, dict):
-            raise ConfigError(f"{source}: section {section!r} must be a mapping",
+            raise ConfigError(f"{source}: section {_short(section, SHOWN)} must be a mapping",
                               "write it as key: value lines")
         target = getattr(cfg, section)
         hints = _section_types(type(target))
@@ -201,18 +204,19 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         name, sep, raw = item.partition("=")
         parts = name.split(".")
         if not sep or len(parts) < 2 or not all(parts):
-            raise ConfigError(f"--set {item!r} is malformed", "write --set section.key=value")
+            raise ConfigError(f"--set {_short(item, SHOWN)} is malformed",
+                              "write --set section.key=value")
         node = out
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {item!r} conflicts with an earlier --set of "
-                                  f"{part!r}", "set a key or its sub-keys, not both")
+                raise ConfigError(f"--set {_short(item, SHOWN)} conflicts with an earlier --set of "
+                                  f"{_short(part, SHOWN)}", "set a key or its sub-keys, not both")
             node = child
         try:
             node[parts[-1]] = yaml.load(raw, Loader=_UniqueKeyLoader) if raw else ""  # noqa: S506
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML: "
+            raise ConfigError(f"--set {_short(item, SHOWN)}: the value is not valid YAML: "
                               f"{_yaml_problem(exc)}", "write a YAML scalar, [list] or {mapping} "
                               "with each key once (quote a string that is none of these)") from None
     return out
