@@ -12,7 +12,6 @@ from tests.cluster import monitoring
 from tests.cluster.helm import CHART, HELM3, REGISTRY, Release, release_name
 from tests.cluster.jobs import KEEP_RESULTS, SHORT, finished, uid, wait_until
 from tests.cluster.kube import Cluster, merged
-from tests.cluster.monitoring import FAST_SCRAPES
 from tests.e2e.harness.image import package_version
 
 
@@ -24,7 +23,7 @@ def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
     # config reload (about 15-25 s apart here), then a rate needs two scrapes; the default run
     # (10 epochs) served for 30 s at 15 s scrapes was once gone before that (a CI run).
     release = Release(cluster, release_name(), ns, merged(
-        KEEP_RESULTS, FAST_SCRAPES, {"image": {"tag": ""}, "trainerConfig": {
+        KEEP_RESULTS, monitoring.FAST_SCRAPES, {"image": {"tag": ""}, "trainerConfig": {
             "train": {"epochs": 100}, "metrics": {"linger_seconds": 30}}}))
     release.install(chart_ref, tmp=tmp_path)
     # The operator's Worker init container ran, admitted under `restricted` (read while the

@@ -23,6 +23,7 @@ from tests.image.dockerfile import REPO, parse
 
 # The base image's interpreter (Debian bookworm's python3, glibc 2.36): the wheels must fit it.
 PYTHON_VERSION = "3.11"
+CPYTHON_TAG = "cp" + PYTHON_VERSION.replace(".", "")  # cp311: the wheels' python and abi tag
 BASE_GLIBC_MINOR = 36
 # Every manylinux tag glibc 2.36 runs, best first, as pip inside the image would take them; a
 # custom --platform is not widened by pip. PyPI's CUDA torch needs the old ones: its
@@ -30,7 +31,7 @@ BASE_GLIBC_MINOR = 36
 PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(BASE_GLIBC_MINOR, 4, -1)),
              "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64")
 PLATFORM_ARGS = ("--only-binary=:all:", "--python-version", PYTHON_VERSION, "--implementation",
-                 "cp", "--abi", "cp" + PYTHON_VERSION.replace(".", ""),
+                 "cp", "--abi", CPYTHON_TAG,
                  *(arg for platform in PLATFORMS for arg in ("--platform", platform)))
 # Where the torch CPU wheel lies on these machines (E2E_WHEELS, os.pathsep-separated, first).
 DEFAULT_WHEEL_DIRS = ("/opt/wheels", str(REPO.parent / "shared" / "wheels"),
@@ -45,9 +46,8 @@ def torch_wheel() -> Path | None:
     """The local torch CPU wheel for the base image's Python, or None where there is none."""
     dirs = [d for d in os.environ.get("E2E_WHEELS", "").split(os.pathsep) if d]
     dirs += DEFAULT_WHEEL_DIRS
-    tag = "cp" + PYTHON_VERSION.replace(".", "")
     for directory in dirs:
-        found = sorted(Path(directory).glob(f"torch-*+cpu-{tag}-{tag}-*x86_64.whl"))
+        found = sorted(Path(directory).glob(f"torch-*+cpu-{CPYTHON_TAG}-{CPYTHON_TAG}-*x86_64.whl"))
         if found:
             return found[-1]
     return None
