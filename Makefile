@@ -18,13 +18,25 @@ NPROC ?= 2
 RUN_ARGS ?=
 
 .PHONY: venv tools e2e-tools cluster-tools cluster-up cluster-down run test test-fast e2e \
-	lint bench k8s image push release clean
+	lint docs bench k8s image push release clean
 
-$(VENV)/.installed: pyproject.toml
+# What running needs: torch and the package's own dependencies, no extras (`make run` on a
+# fresh clone: docs/development.md). The test, lint and docs targets add their extras on top.
+$(VENV)/.installed-run: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PIP) install -q $(PIP_LINKS) "$(TORCH_SPEC)"
+	$(PIP) install -q $(PIP_LINKS) -e .
+	touch $@
+
+# Everything the tests and the linters import: the jobs CLI's kubernetes client, pytest and
+# the data formats, transformers, kmock, ruff, mypy.
+$(VENV)/.installed: $(VENV)/.installed-run
 	$(PIP) install -q $(PIP_LINKS) -e '.[k8s,test,lint]'
+	touch $@
+
+$(VENV)/.installed-docs: $(VENV)/.installed-run
+	$(PIP) install -q $(PIP_LINKS) -e '.[docs]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -50,7 +62,7 @@ cluster-up: venv cluster-tools
 cluster-down:
 	$$(test -x $(PY) && echo $(PY) || echo $(PYTHON)) tools/cluster/cluster.py down
 
-run: venv
+run: $(VENV)/.installed-run
 	$(VENV)/bin/ddp-trainer run --nproc-per-node $(NPROC) --dataset digits --output-dir outputs \
 		--metrics-bind-address 127.0.0.1 \
 		--set metrics.linger_seconds=0 $(RUN_ARGS)
@@ -78,6 +90,12 @@ lint: venv
 	$(VENV)/bin/mypy --strict --explicit-package-bases tests/e2e/harness
 	$(VENV)/bin/hadolint Dockerfile
 
+# The documentation site (mkdocs.yml): README.md is its home page, docs/*.md the reference.
+# --strict turns every warning into an error: a broken link or anchor fails the build, and so
+# does a link to a file of the repository that does not exist (tools/mkdocs_hooks.py).
+docs: $(VENV)/.installed-docs
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: venv
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_sampler.py
@@ -101,4 +119,4 @@ release: venv tools e2e-tools
 	$(PY) tools/release.py $(REGISTRY) $(if $(REGISTRY_CA),--ca $(REGISTRY_CA))
 
 clean:
-	rm -rf $(VENV) .tools .cache outputs checkpoints .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools .cache site outputs checkpoints .pytest_cache .mypy_cache .ruff_cache
