@@ -94,7 +94,7 @@ lint: venv
 # --strict turns every warning into an error: a broken link or anchor fails the build, and so
 # does a link to a file of the repository that does not exist (tools/mkdocs_hooks.py).
 docs: $(VENV)/.installed-docs
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: venv
 	$(PY) benchmarks/bench_trainer.py

@@ -1,9 +1,9 @@
-"""Every `ddp-trainer` command in the bash blocks of the README and the mytask README runs,
-shortened (2 ranks at most, 2 optimizer steps, no metrics port, outputs in a temporary
-directory), on data made as the README's snippets make it, so the docs cannot go stale
-silently. A command naming a path this test cannot make fails it: a new example comes with its
-data here. `make` targets are left out (CI runs them), and so are cluster commands (helm,
-kubectl, docker: the cluster tests run those paths)."""
+"""Every `ddp-trainer` command in the bash blocks of the README, docs/*.md and the mytask README
+runs, shortened (2 ranks at most, 2 optimizer steps, no metrics port, outputs in a temporary
+directory), on data made as the docs' snippets make it, so the docs cannot go stale silently.
+A command naming a path this test cannot make fails it: a new example comes with its data here.
+`make` targets are left out (CI runs them), and so are cluster commands (helm, kubectl, docker,
+`ddp-trainer jobs`: the cluster tests run those paths)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from conftest import REPO, read_json, run_cli
 
 from tests.data.datagen import arrays, images
 
-DOCS = (REPO / "README.md", REPO / "examples" / "mytask" / "README.md")
+DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+        REPO / "examples" / "mytask" / "README.md")
+CLUSTER_COMMANDS = {"jobs"}
 ENV = {"PYTHONPATH": f"{REPO}:{REPO / 'examples' / 'mytask'}"}
 
 
@@ -29,7 +31,8 @@ def commands(doc: Path) -> list[str]:
     for block in re.findall(r"^```bash\n(.*?)^```", doc.read_text(), re.M | re.S):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
-            if words and words[0] in ("ddp-trainer", ".venv/bin/ddp-trainer"):
+            if (len(words) > 1 and words[0] in ("ddp-trainer", ".venv/bin/ddp-trainer")
+                    and words[1] not in CLUSTER_COMMANDS):
                 found.append(shlex.join(words[1:]))
     return found
 
@@ -74,7 +77,10 @@ CASES = [(doc.relative_to(REPO).as_posix(), command) for doc in DOCS for command
 
 
 def test_the_docs_have_commands_to_run() -> None:
-    assert len([c for d, c in CASES if d == "README.md"]) >= 7 and len(CASES) >= 10, CASES
+    per_doc = {d: len([c for dd, c in CASES if dd == d]) for d, _ in CASES}
+    # the README's local and own-model paths, docs/data.md's formats, the mytask example
+    assert per_doc.get("README.md", 0) >= 5 and per_doc.get("docs/data.md", 0) >= 6, per_doc
+    assert len(CASES) >= 15, CASES
 
 
 @pytest.mark.slow

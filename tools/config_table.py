@@ -1,6 +1,9 @@
-"""Print the README's configuration reference table from trainer/config.py's docstrings.
+"""The configuration table of docs/configuration.md, made from trainer/config.py's docstrings.
 
-    .venv/bin/python tools/config_table.py   # paste over the table under "Configuration reference"
+    .venv/bin/python tools/config_table.py           # print it
+    .venv/bin/python tools/config_table.py --write   # replace the table in docs/configuration.md
+
+tests/test_readme.py fails when the page's table is stale.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "configuration.md"
+sys.path.insert(0, str(REPO))
 
 from trainer.cli import CONFIG_FLAGS, field_docs  # noqa: E402
 from trainer.config import JobConfig  # noqa: E402
@@ -33,5 +38,15 @@ def rows() -> list[str]:
     return out
 
 
+def write(page: Path = PAGE) -> None:
+    text = page.read_text()
+    start = text.index(rows()[0])
+    end = text.index("\n\n", start)
+    page.write_text(text[:start] + "\n".join(rows()) + text[end:])
+
+
 if __name__ == "__main__":
-    print("\n".join(rows()))
+    if sys.argv[1:] == ["--write"]:
+        write()
+    else:
+        print("\n".join(rows()))

@@ -84,7 +84,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
-                   help="YAML config file (sections as in the README); flags override it")
+                   help="YAML config file (sections as in docs/configuration.md); flags "
+                        "override it")
     docs = field_docs()
     for flag, (section, key) in CONFIG_FLAGS.items():
         typ = flag_type(section, key)

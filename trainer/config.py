@@ -1,9 +1,10 @@
 """Typed configuration: one dataclass per component, one source of truth.
 
-Every field has a default, a docstring (the CLI help, the README table) and, where it has
-them, its names (:func:`one_of`, a :class:`Registry`) and bounds (:func:`limits`), which
-:mod:`trainer.config_load` enforces and the chart's values schema lists. Checkpoints store the
-config with :data:`CONFIG_VERSION`; :data:`MIGRATIONS` reads older layouts.
+Every field has a default, a docstring (the CLI help, the table of docs/configuration.md) and,
+where it has them, its names (:func:`one_of`, a :class:`Registry`) and bounds
+(:func:`limits`), which :mod:`trainer.config_load` enforces and the chart's values schema
+lists. Checkpoints store the config with :data:`CONFIG_VERSION`; :data:`MIGRATIONS` reads
+older layouts.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class DataConfig:
     """`digits` (scikit-learn's bundled 8x8 digits, no download), `synthetic` (the seed's
     random tensors), a path (a `.npz`, `.csv` or `.parquet` file, or a directory: x.npy +
     y.npy, image class folders, a `save_to_disk` directory, Parquet files, or `train/` +
-    `val/` splits of one of these; see README 'Your data'), or an import path
+    `val/` splits of one of these; see docs/data.md), or an import path
     `package.module:callable` returning a map-style Dataset or a (train, val) pair of them."""
     format: str = field(default="auto", metadata=one_of(DATA_FORMATS))
     """What a `dataset` path holds: `auto` (detected from the files, and logged), `npy`,

@@ -105,7 +105,7 @@ def _section_types(cls: type) -> dict[str, Any]:
 def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
     """Apply a nested mapping `{section: {key: value}}` onto `cfg`, checking every key."""
     if not isinstance(overrides, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections", "see README 'Configuration'")
+        raise ConfigError(f"{source}: expected a mapping of sections", "see docs/configuration.md")
     sections = _section_types(JobConfig)
     for section, values in overrides.items():
         if section not in sections:

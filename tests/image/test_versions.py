@@ -56,8 +56,12 @@ def test_image_source_label_is_the_charts_source() -> None:
 
 
 def test_the_examples_build_on_the_image_of_this_version() -> None:
+    # The Dockerfile's default base and the README's --build-arg BASE=<your registry>/...:<tag>.
     readme = (REPO / "README.md").read_text()
     dockerfile = (REPO / "examples" / "mytask" / "Dockerfile").read_text()
-    for text in (readme, dockerfile):
-        tags = re.findall(r"^FROM ghcr\.io/ddp-trainer/ddp-trainer:(\S+)$", text, re.MULTILINE)
+    for text, pattern in (
+        (readme, r"--build-arg BASE=\S+/ddp-trainer:(\S+)"),
+        (dockerfile, r"^ARG BASE=ghcr\.io/ddp-trainer/ddp-trainer:(\S+)$"),
+    ):
+        tags = re.findall(pattern, text, re.MULTILINE)
         assert tags == [__version__], tags

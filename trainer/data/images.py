@@ -46,7 +46,7 @@ def class_folders(root: Path) -> list[str]:
             from None
     if not names:
         raise DataError(f"{root} has no class folders", "put each class's images in "
-                        "DIR/<class name>/ (see README 'Your data')")
+                        "DIR/<class name>/ (see docs/data.md)")
     return names
 
 

@@ -121,7 +121,7 @@ def detect(path: Path, cfg: DataConfig) -> Layout:
         if guessed is None:
             raise DataError(f"{path} holds no dataset layout ddp-trainer knows",
                             "use x.npy + y.npy, class folders of images, a save_to_disk "
-                            "directory or .parquet files (README 'Your data'), or set "
+                            "directory or .parquet files (docs/data.md), or set "
                             "data.format")
         fmt = guessed
     return Layout(fmt, path, None, _inspect(fmt, path, cfg))

@@ -81,7 +81,7 @@ def columns(schema: pa.Schema, cfg: DataConfig, where: str) -> list[str]:
         if not _numeric(_leaf(t)):
             raise DataError(f"{where}: feature column {name!r} has type {t}, not numeric",
                             "set data.feature_columns to the numeric columns (text must be "
-                            "tokenized first: see 'Bring your own' in the README)")
+                            "tokenized first: see docs/custom-code.md)")
         if _is_list(t) and len(features) > 1:
             raise DataError(f"{where}: feature column {name!r} holds lists, so it must be the "
                             "only feature column", f"set data.feature_columns to [{name}]")

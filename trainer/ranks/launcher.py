@@ -85,7 +85,7 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
     config, cmd, cmd_args = config_from_args(args)
     os.environ.update(env)
     # SIGTERM (pod eviction) goes to the agent; it forwards it to the ranks, which checkpoint
-    # and exit (see Recovery in the README).
+    # and exit (docs/checkpoints.md).
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
