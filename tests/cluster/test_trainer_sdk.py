@@ -1,5 +1,5 @@
 """Kubeflow SDK users train on our trainer: the chart's ClusterTrainingRuntime `ddp-trainer`
-(`trainJob.sdkRuntime`), applied with the one command the README gives, and the real
+(`trainJob.sdkRuntime`), applied with the one command docs/trainer-v2.md gives, and the real
 `kubeflow.trainer.TrainerClient` (kubeflow 0.5.0) running a `CustomTrainer` function that calls
 `trainer.fit(...)` across 2 nodes under torchrun, on the real Trainer v2.3.0: the job completes,
 rank 0's exact evaluation of its checkpoint equals what training reported, and its progress
@@ -31,7 +31,7 @@ def train_ddp_trainer():
         # The checkpoint is in this pod only, so it is scored by one process: ddp-trainer
         # evaluate without torchrun's variables (with them it would wait for the other ranks).
         # No backquote or dollar sign anywhere in this function: the SDK pastes its source
-        # into an unquoted bash here-document, which runs them (README "From the Kubeflow SDK").
+        # into an unquoted bash here-document, which runs them (docs/trainer-v2.md, SDK).
         alone = {k: v for k, v in os.environ.items() if k not in (
             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
         subprocess.run(["ddp-trainer", "evaluate", "--checkpoint", "/workspace/checkpoints",
@@ -54,7 +54,7 @@ print(json.dumps({"name": name, "status": job.status, "nodes": job.num_nodes,
 
 
 def test_a_custom_trainer_function_calling_fit_trains_on_two_nodes(cluster: Cluster) -> None:
-    # The README's one command (with this cluster's values for the image).
+    # docs/trainer-v2.md's one command (with this cluster's values for the image).
     rendered = helm(HELM4, "template", "ddp-trainer", str(CHART), "-f",
                     str(STATE / "values-local.yaml"), "--set", "trainJob.sdkRuntime.enabled=true",
                     "--show-only", "templates/clustertrainingruntime.yaml",
