@@ -25,7 +25,7 @@ import yaml
 from trainer import __version__
 from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
-from trainer.errors import RankLost, TrainerError
+from trainer.errors import RankLost, TrainerError, missing
 
 # flag -> (section, key): a shortcut for one config field; its type and help are the field's.
 CONFIG_FLAGS: dict[str, tuple[str, str]] = {
@@ -117,7 +117,7 @@ def _overridden(ns: argparse.Namespace) -> list[tuple[str, str]]:
     keys = {f"{section}.{key}": flag for flag, (section, key) in CONFIG_FLAGS.items()
             if _flag_value(ns, flag) is not None}
     return [(keys[name], item) for item in ns.set
-            if (name := item.partition("=")[0]) in keys]
+            if (name := item.partition("=")[0].strip()) in keys]
 
 
 def _plain(value: Any) -> Any:
@@ -193,7 +193,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
     if ns.script:
         foreign_sets = [item for item in ns.set
-                        if item.partition(".")[0] not in LAUNCHER_SECTIONS]
+                        if item.partition(".")[0].strip() not in LAUNCHER_SECTIONS]
         extra = [f for f in CONFIG_FLAGS if _flag_value(ns, f) is not None
                  and f not in LAUNCHER_FLAGS] + (["--config"] if ns.config else []) + [
                      f"--set {item}" for item in foreign_sets]
@@ -204,8 +204,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
                                f"{', '.join(LAUNCHER_FLAGS)} and --set "
                                f"{'/'.join(LAUNCHER_SECTIONS)}.* are read by the launcher")
         if not os.path.isfile(ns.script):
-            raise TrainerError(f"script {ns.script} does not exist",
-                               "pass the path of a Python file that calls trainer.fit()")
+            why, fix = missing(ns.script, "pass the path of a Python file that calls "
+                               "trainer.fit()")
+            raise TrainerError(f"script {ns.script} {why}", fix)
         rank_argv = ["script", ns.script, *ns.script_args]
     else:
         check_config(cfg)  # import paths resolve, files exist; the ranks load the data

@@ -31,6 +31,11 @@ def _dir(name: str) -> object:
     return setup
 
 
+def _loop(tmp: Path) -> None:
+    (tmp / "loop-a").symlink_to(tmp / "loop-b")
+    (tmp / "loop-b").symlink_to(tmp / "loop-a")
+
+
 def _one_class_folder(tmp: Path) -> None:
     from tests.data.datagen import images
 
@@ -97,6 +102,18 @@ CASES = [
          _file("c.yaml", b"train:\n  epochs: 1\noptim:\n  lr: 0.1\ntrain:\n  seed: 2\n")),
     Case("config-bad-yaml", ("train", "--config", "{tmp}/c.yaml", *QUICK), 2,
          ("c.yaml", "not valid YAML", "line"), _file("c.yaml", b"train: [1, 2\n")),
+    # a symlink loop is named as one, not as a missing path
+    Case("config-symlink-loop", ("train", "--config", "{tmp}/loop-a", *QUICK), 2,
+         ("config file", "loop-a", "symlink loop"), _loop),
+    Case("dataset-symlink-loop", ("train", *QUICK[:1], "{tmp}/loop-a", *QUICK[2:]), 2,
+         ("data.dataset", "loop-a", "symlink loop"), _loop),
+    Case("output-dir-symlink-loop", ("train", *QUICK[:-1], "{tmp}/loop-a"), 2,
+         ("output.dir", "loop-a", "symlink loop"), _loop),
+    Case("checkpoint-dir-symlink-loop", ("train", *QUICK, "--checkpoint-dir", "{tmp}/loop-a"), 2,
+         ("checkpoint dir", "loop-a", "symlink loop"), _loop),
+    Case("evaluate-checkpoint-symlink-loop", ("evaluate", "--checkpoint", "{tmp}/loop-a",
+                                              "--output-dir", "{tmp}/out"), 2,
+         ("checkpoint", "loop-a", "symlink loop"), _loop),
     # a --set value is validated even when a flag sets the same key
     Case("set-list-under-flag", ("train", "--epochs", "1", "--set", "train.epochs=[1,2]",
                                  *QUICK), 2, ("train.epochs", "expected int")),

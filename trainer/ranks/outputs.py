@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import ConfigError
+from trainer.errors import LOOP, ConfigError, missing
 
 
 def check_output_dir(directory: str, create: bool) -> None:
@@ -27,6 +27,9 @@ def check_output_dir(directory: str, create: bool) -> None:
     path = Path(directory)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{where}: {directory} is not a directory", fix)
+    why, loop_fix = missing(path, fix)
+    if why == LOOP:  # mkdir would say "File exists"
+        raise ConfigError(f"{where}: {directory} {why}", loop_fix)
     if not create:
         return
     try:
