@@ -187,7 +187,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from trainer.build import check_config
     from trainer.distributed.preemption import linger
     from trainer.metrics import start_launcher_exporter
-    from trainer.ranks.launcher import launch
+    from trainer.ranks.launcher import check_script, launch
     from trainer.ranks.outputs import check_output_dir
 
     cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
@@ -207,6 +207,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
             why, fix = missing(ns.script, "pass the path of a Python file that calls "
                                "trainer.fit()")
             raise TrainerError(f"script {ns.script} {why}", fix)
+        check_script(ns.script)
         rank_argv = ["script", ns.script, *ns.script_args]
     else:
         check_config(cfg)  # import paths resolve, files exist; the ranks load the data

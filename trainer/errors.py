@@ -51,6 +51,13 @@ class DataError(TrainerError):
     """A dataset is missing, unreadable or inconsistent."""
 
 
+class UserCodeError(TrainerError):
+    """The user's script cannot run at all (it does not compile): found by the launcher before
+    any rank starts, so it is reported like the user code errors of a rank."""
+
+    exit_code = USER_CODE_EXIT
+
+
 class AgreedStop(TrainerError):
     """Raised on every rank at the same step, by agreement (trainer.distributed.agreement): the
     process group is intact and the ranks leave it together."""

@@ -133,6 +133,18 @@ CASES = [
     Case("run-one-class-image-folder", ("run", "--nproc-per-node", "2", *QUICK[:1], "{tmp}/pics",
                                         *QUICK[2:]), 2, ("only one class folder",),
          _one_class_folder),
+    # `run SCRIPT` with a file that is not a Python script, or does not compile: checked
+    # before any rank starts (a syntax error is the user's code: exit 5)
+    Case("run-script-syntax-error", ("run", "--nproc-per-node", "2", "--metrics-port", "0",
+                                     "{tmp}/train.py"), 5,
+         ("train.py", "does not compile", "SyntaxError", "train.py:2"),
+         _file("train.py", b"import trainer\nx = (\n")),
+    Case("run-script-is-a-csv", ("run", "--nproc-per-node", "2", "--metrics-port", "0",
+                                 "{tmp}/d.csv"), 2, ("d.csv", "not a Python file", "--dataset"),
+         _file("d.csv", b"a,b\n1,2\n")),
+    Case("run-script-is-an-npz", ("run", "--nproc-per-node", "2", "--metrics-port", "0",
+                                  "{tmp}/d.npz"), 2, ("d.npz", "not a Python file"),
+         _file("d.npz", b"PK\x03\x04" + bytes(60))),
     # checkpoints
     Case("evaluate-foreign-payload", ("evaluate", "--checkpoint", "{tmp}/ckpt-000000007.pt",
                                       "--output-dir", "{tmp}/out"), 2,

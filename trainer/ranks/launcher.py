@@ -19,7 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
-from trainer.errors import USER_CODE_EXIT
+from trainer.errors import USER_CODE_EXIT, TrainerError, UserCodeError, first_line
 from trainer.ranks import usercode
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,31 @@ def report_user_code(err: ChildFailedError) -> None:
         f"rank {rank}: user code raised (its own error line above names the exception)"
     print(f"error: {line}; the other ranks stopped because of it (fix: {usercode.FIX})",
           file=sys.stderr)
+
+
+def check_script(path: str) -> None:
+    """Fail before any rank starts when `path` is not a Python script that compiles: a data file
+    (a .npz, a .csv) is bad input (exit 2), a syntax error is the user's code (exit 5)."""
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        raise TrainerError(f"script {path} cannot be read ({exc.strerror})",
+                           "chmod it (a+r), or run as a user who can read it") from None
+    shebang = source[:2] == b"#!" and b"python" in source.partition(b"\n")[0]
+    if not (path.endswith(".py") or shebang):
+        raise TrainerError(f"script {path} is not a Python file (its name does not end in .py "
+                           "and it has no python #! line)",
+                           "pass the Python script that calls trainer.fit(); a data file goes "
+                           "to --dataset")
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:  # ValueError: null bytes (Python 3.11)
+        where = f" at {path}:{exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        raise UserCodeError(f"script {path} does not compile: {type(exc).__name__}: "
+                            f"{first_line(message, 200)}{where}",
+                            "fix that line of your script") from None
 
 
 def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds: float,
