@@ -95,6 +95,12 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     _add_common(p)
 
 
+def _add_oversubscribe(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="start --nproc-per-node ranks even when they are more than the GPUs "
+                        "here, or more than 4 per CPU core (refused without it)")
+
+
 def _flag_value(ns: argparse.Namespace, flag: str) -> Any:
     return getattr(ns, flag.lstrip("-").replace("-", "_"))
 
@@ -187,10 +193,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from trainer.build import check_config
     from trainer.distributed.preemption import linger
     from trainer.metrics import start_launcher_exporter
-    from trainer.ranks.launcher import check_script, launch
+    from trainer.ranks.launcher import check_nproc, check_script, launch
     from trainer.ranks.outputs import check_output_dir
 
     cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
+    # a script picks its own device, as `auto` does
+    check_nproc(ns.nproc_per_node, ns.oversubscribe, "auto" if ns.script else cfg.train.device)
+    if ns.max_restarts < 0:
+        raise TrainerError(f"--max-restarts {ns.max_restarts} < 0", "use 0 or more")
     if ns.script:
         foreign_sets = [item for item in ns.set
                         if item.partition(".")[0].strip() not in LAUNCHER_SECTIONS]
@@ -213,10 +223,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
         check_config(cfg)  # import paths resolve, files exist; the ranks load the data
         check_output_dir(cfg.output.dir, create=True)  # once here, not once per rank
         rank_argv = ["rank", config_text(cfg), *(["--debug"] if ns.debug else [])]
-    if ns.nproc_per_node < 1:
-        raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
-    if ns.max_restarts < 0:
-        raise TrainerError(f"--max-restarts {ns.max_restarts} < 0", "use 0 or more")
     exporter = start_launcher_exporter(cfg.metrics, ns.nproc_per_node)
     try:
         return launch(rank_argv, ns.nproc_per_node, ns.max_restarts, cfg.dist.timeout_seconds,
@@ -246,10 +252,10 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         runner.evaluate_checkpoint(ns.checkpoint, ns.dataset, ns.output_dir,
                                    timeout_seconds=ns.timeout)
         return 0
-    if ns.nproc_per_node < 1:
-        raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
     from trainer.components import checkpoint
-    from trainer.ranks.launcher import launch
+    from trainer.ranks.launcher import check_nproc, launch
+
+    check_nproc(ns.nproc_per_node, ns.oversubscribe, "auto")
     from trainer.ranks.outputs import check_output_dir
 
     check_output_dir(ns.output_dir, create=True)  # once here, not once per rank
@@ -290,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(p)
     p.add_argument("--nproc-per-node", type=int, default=2, metavar="N",
                    help="ranks to start on this machine (default 2; one per GPU on GPU nodes)")
+    _add_oversubscribe(p)
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="restart all ranks up to K times after a rank fails; they resume from "
                         "the newest checkpoint (default 0)")
@@ -316,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a ckpt-*.pt file, or a checkpoint directory (its newest valid one)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="ranks to evaluate with (the result is identical for any N)")
+    _add_oversubscribe(p)
     p.add_argument("--dataset", default=None,
                    help="dataset to score (default: the checkpoint's); its validation split")
     p.add_argument("--output-dir", default="outputs", help="where eval.json goes")
