@@ -160,7 +160,7 @@ _UniqueKeyLoader.add_implicit_resolver(
     list("-+0123456789"))
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML error in one line: the problem and where (PyYAML's own text spans lines)."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
         mark = exc.problem_mark
@@ -193,7 +193,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p} is not valid YAML: {_yaml_problem(exc)}",
+        raise ConfigError(f"config file {p} is not valid YAML: {yaml_problem(exc)}",
                           "fix the YAML there (each key once per mapping)") from None
     return loaded or {}
 
@@ -223,7 +223,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
             node[parts[-1]] = yaml.load(raw, Loader=_UniqueKeyLoader) if raw else ""  # noqa: S506
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {_short(item, SHOWN)}: the value is not valid YAML: "
-                              f"{_yaml_problem(exc)}", "write a YAML scalar, [list] or {mapping} "
+                              f"{yaml_problem(exc)}", "write a YAML scalar, [list] or {mapping} "
                               "with each key once (quote a string that is none of these)") from None
     return out
 
