@@ -167,20 +167,39 @@ def test_bad_input_is_one_line_and_touches_nothing(case: Case, tmp_path: Path) -
     assert_unchanged(before)
 
 
+def _unprivileged(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user who may not read a file of mode 000. Root reads one through
+    CAP_DAC_OVERRIDE, so as root the CLI runs with it and CAP_DAC_READ_SEARCH dropped (setpriv,
+    util-linux): the kernel refuses the read as for any user. Not as `nobody`: a checkout in a
+    0700 folder (`mktemp -d`) is closed to it."""
+    argv = [sys.executable, "-m", "trainer", *args]
+    if os.geteuid() == 0:
+        argv = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *argv]
+    return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+
+
 def test_unreadable_config_file(tmp_path: Path) -> None:
-    # Root reads a file of mode 000 through CAP_DAC_OVERRIDE, so as root the CLI runs with it
-    # and CAP_DAC_READ_SEARCH dropped (setpriv, util-linux): the kernel refuses the read as for
-    # any user. Not as `nobody`: a checkout in a 0700 folder (`mktemp -d`) is closed to it.
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train:\n  epochs: 1\n")
     cfg.chmod(0)
-    argv = [sys.executable, "-m", "trainer", "train", "--config", str(cfg),
-            "--metrics-port", "0", "--output-dir", str(tmp_path / "out")]
-    if os.geteuid() == 0:
-        argv = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *argv]
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    proc = _unprivileged(tmp_path, "train", "--config", str(cfg), "--metrics-port", "0",
+                         "--output-dir", str(tmp_path / "out"))
     assert_one_error_line(proc, 2, ("c.yaml",))
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_npz_dataset_says_permission_denied_not_re_create_it(
+        tmp_path: Path) -> None:
+    import numpy as np
+
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.zeros((20, 3), dtype=np.float32), y=np.arange(20) % 2)
+    data.chmod(0)
+    proc = _unprivileged(tmp_path, "train", "--dataset", str(data), "--metrics-port", "0",
+                         "--output-dir", str(tmp_path / "out"))
+    line = assert_one_error_line(proc, 2, ("d.npz", "permission denied", "chmod"))
+    assert "re-create" not in line
     assert not (tmp_path / "out").exists()
 
 
