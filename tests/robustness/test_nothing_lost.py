@@ -102,8 +102,27 @@ def _copy(trained: Path, tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-def test_a_fresh_start_truncates_steps_jsonl(trained: Path) -> None:
-    assert _steps(trained / "out" / "steps.jsonl") == [1, 2, 3]  # the earlier run's line is gone
+def test_a_fresh_start_moves_the_previous_steps_jsonl_aside(
+        trained: Path, tmp_path: Path) -> None:
+    assert _steps(trained / "out" / "steps.jsonl") == [1, 2, 3]
+    assert _steps(trained / "out" / "steps.1.jsonl") == [99]  # the earlier run's line is kept
+    run = _copy(trained, tmp_path)
+    proc = run_cli(*TINY, "--epochs", "1", "--output-dir", str(run / "out"))  # fresh again
+    assert proc.returncode == 0, proc.stderr
+    assert _steps(run / "out" / "steps.2.jsonl") == [1, 2, 3]
+    assert _steps(run / "out" / "steps.1.jsonl") == [99]
+
+
+def test_a_fresh_run_failing_after_its_first_step_keeps_the_previous_steps(
+        trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    before = (run / "out" / "steps.jsonl").read_bytes()
+    # lr 1e30 makes the loss inf within a few steps: exit 3 after steps were logged
+    proc = run_cli(*TINY, "--epochs", "3", "--lr", "1e30", "--set", "train.log_every=1",
+                   "--set", "train.log_seconds=0", "--output-dir", str(run / "out"))
+    assert proc.returncode == 3, proc.stderr
+    assert (run / "out" / "steps.2.jsonl").read_bytes() == before
+    assert json.loads((run / "out" / "summary.json").read_text())["steps"] == 3  # the earlier
 
 
 def test_a_resume_appends_to_steps_jsonl_and_keeps_a_valid_checkpoint(
