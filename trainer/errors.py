@@ -83,6 +83,11 @@ class RankLost(TrainerError):
     exit_code = 4
 
 
+class OutputError(TrainerError):
+    """An output file (summary.json, eval.json) could not be written: a full disk at the end of
+    a run. What was written before (checkpoints, steps.jsonl, the earlier file) is kept."""
+
+
 class CheckpointError(TrainerError):
     """No checkpoint could be written or read."""
 
