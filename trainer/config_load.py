@@ -207,7 +207,8 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     for item in items:
         name, sep, raw = item.partition("=")
         # `--set 'train.epochs = 2'` as `train.epochs=2`: spaces around a key or `=` are typos
-        name, raw = name.strip(), raw.strip()
+        # (YAML ignores the value's trailing ones itself; a block scalar's lines keep theirs)
+        name, raw = name.strip(), raw.lstrip(" \t")
         parts = name.split(".")
         if not sep or len(parts) < 2 or not all(parts):
             raise ConfigError(f"--set {_short(item, SHOWN)} is malformed",
