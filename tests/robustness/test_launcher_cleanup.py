@@ -10,9 +10,13 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+import torch
 from conftest import REPO, run_cli
 
 from tests.robustness.harness import assert_one_error_line
+from trainer.errors import TrainerError
+from trainer.ranks.launcher import check_nproc
 
 # `ddp-trainer run` whose elastic agent fails to start its third rank as fork fails out of
 # memory (EAGAIN): the Popen the agent calls raises after two ranks started. The two started
@@ -81,3 +85,16 @@ def test_more_ranks_than_the_cores_allow_are_refused_before_any_starts(tmp_path:
     assert not (tmp_path / "out").exists()
     proc = run_cli("run", "--nproc-per-node", "1000000", *common, cwd=tmp_path)
     assert_one_error_line(proc, 2, ("--nproc-per-node 1000000", "--oversubscribe"))
+
+
+def test_on_a_gpu_node_one_rank_per_gpu_is_the_bound_unless_oversubscribed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rule alone (this venv's torch has no CUDA): a node that shows two GPUs.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_nproc(2, oversubscribe=False, device="auto")
+    with pytest.raises(TrainerError, match="more than the 2 GPUs here") as err:
+        check_nproc(3, oversubscribe=False, device="auto")
+    assert "--oversubscribe" in err.value.fix
+    check_nproc(3, oversubscribe=True, device="auto")
+    check_nproc(3, oversubscribe=False, device="cpu")  # CPU ranks: the per-core bound
