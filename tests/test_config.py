@@ -81,6 +81,23 @@ def test_invalid_values_fail_validation_naming_the_field(override: dict, field: 
         build_config(None, override)
 
 
+def test_a_yaml_merge_key_merges_as_yaml_does_and_the_mappings_own_keys_win(
+        tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("optim: &base\n  lr: 0.5\n  momentum: 0.8\n"
+                 "train:\n  <<: {epochs: 4, batch_size: 8}\n  epochs: 2\n")
+    cfg = build_config(str(f), {})
+    assert (cfg.train.epochs, cfg.train.batch_size, cfg.optim.lr) == (2, 8, 0.5)
+    f.write_text("train:\n  <<: {epochs: 4}\n  epochs: 2\n  epochs: 3\n")
+    with pytest.raises(ConfigError, match="duplicate key 'epochs'"):  # still each key once
+        build_config(str(f), {})
+
+
+def test_set_ignores_spaces_around_the_key_and_the_equals_sign() -> None:
+    assert parse_set(["train.epochs = 2", " model.hidden_sizes= [8, 4] "]) == {
+        "train": {"epochs": 2}, "model": {"hidden_sizes": [8, 4]}}
+
+
 def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         build_config(str(tmp_path / "nope.yaml"), {})

@@ -25,7 +25,7 @@ import yaml
 from trainer import __version__
 from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
-from trainer.errors import RankLost, TrainerError
+from trainer.errors import RankLost, TrainerError, missing
 
 # flag -> (section, key): a shortcut for one config field; its type and help are the field's.
 CONFIG_FLAGS: dict[str, tuple[str, str]] = {
@@ -96,6 +96,12 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     _add_common(p)
 
 
+def _add_oversubscribe(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="start --nproc-per-node ranks even when they are more than the GPUs "
+                        "here, or more than 4 per CPU core (refused without it)")
+
+
 def _flag_value(ns: argparse.Namespace, flag: str) -> Any:
     return getattr(ns, flag.lstrip("-").replace("-", "_"))
 
@@ -118,7 +124,7 @@ def _overridden(ns: argparse.Namespace) -> list[tuple[str, str]]:
     keys = {f"{section}.{key}": flag for flag, (section, key) in CONFIG_FLAGS.items()
             if _flag_value(ns, flag) is not None}
     return [(keys[name], item) for item in ns.set
-            if (name := item.partition("=")[0]) in keys]
+            if (name := item.partition("=")[0].strip()) in keys]
 
 
 def _plain(value: Any) -> Any:
@@ -188,13 +194,17 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from trainer.build import check_config
     from trainer.distributed.preemption import linger
     from trainer.metrics import start_launcher_exporter
-    from trainer.ranks.launcher import launch
+    from trainer.ranks.launcher import check_nproc, check_script, launch
     from trainer.ranks.outputs import check_output_dir
 
     cfg = _config(ns)  # validate once here so a bad flag fails before any rank starts
+    # a script picks its own device, as `auto` does
+    check_nproc(ns.nproc_per_node, ns.oversubscribe, "auto" if ns.script else cfg.train.device)
+    if ns.max_restarts < 0:
+        raise TrainerError(f"--max-restarts {ns.max_restarts} < 0", "use 0 or more")
     if ns.script:
         foreign_sets = [item for item in ns.set
-                        if item.partition(".")[0] not in LAUNCHER_SECTIONS]
+                        if item.partition(".")[0].strip() not in LAUNCHER_SECTIONS]
         extra = [f for f in CONFIG_FLAGS if _flag_value(ns, f) is not None
                  and f not in LAUNCHER_FLAGS] + (["--config"] if ns.config else []) + [
                      f"--set {item}" for item in foreign_sets]
@@ -205,17 +215,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
                                f"{', '.join(LAUNCHER_FLAGS)} and --set "
                                f"{'/'.join(LAUNCHER_SECTIONS)}.* are read by the launcher")
         if not os.path.isfile(ns.script):
-            raise TrainerError(f"script {ns.script} does not exist",
-                               "pass the path of a Python file that calls trainer.fit()")
+            why, fix = missing(ns.script, "pass the path of a Python file that calls "
+                               "trainer.fit()")
+            raise TrainerError(f"script {ns.script} {why}", fix)
+        check_script(ns.script)
         rank_argv = ["script", ns.script, *ns.script_args]
     else:
         check_config(cfg)  # import paths resolve, files exist; the ranks load the data
         check_output_dir(cfg.output.dir, create=True)  # once here, not once per rank
         rank_argv = ["rank", config_text(cfg), *(["--debug"] if ns.debug else [])]
-    if ns.nproc_per_node < 1:
-        raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
-    if ns.max_restarts < 0:
-        raise TrainerError(f"--max-restarts {ns.max_restarts} < 0", "use 0 or more")
     exporter = start_launcher_exporter(cfg.metrics, ns.nproc_per_node)
     try:
         return launch(rank_argv, ns.nproc_per_node, ns.max_restarts, cfg.dist.timeout_seconds,
@@ -245,10 +253,10 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         runner.evaluate_checkpoint(ns.checkpoint, ns.dataset, ns.output_dir,
                                    timeout_seconds=ns.timeout)
         return 0
-    if ns.nproc_per_node < 1:
-        raise TrainerError(f"--nproc-per-node {ns.nproc_per_node} < 1", "use 1 or more")
     from trainer.components import checkpoint
-    from trainer.ranks.launcher import launch
+    from trainer.ranks.launcher import check_nproc, launch
+
+    check_nproc(ns.nproc_per_node, ns.oversubscribe, "auto")
     from trainer.ranks.outputs import check_output_dir
 
     check_output_dir(ns.output_dir, create=True)  # once here, not once per rank
@@ -289,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(p)
     p.add_argument("--nproc-per-node", type=int, default=2, metavar="N",
                    help="ranks to start on this machine (default 2; one per GPU on GPU nodes)")
+    _add_oversubscribe(p)
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="restart all ranks up to K times after a rank fails; they resume from "
                         "the newest checkpoint (default 0)")
@@ -315,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a ckpt-*.pt file, or a checkpoint directory (its newest valid one)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="ranks to evaluate with (the result is identical for any N)")
+    _add_oversubscribe(p)
     p.add_argument("--dataset", default=None,
                    help="dataset to score (default: the checkpoint's); its validation split")
     p.add_argument("--output-dir", default="outputs", help="where eval.json goes")

@@ -283,8 +283,8 @@ class OutputConfig:
     training). `summary.json` is replaced only by a finished run."""
     step_log: bool = True
     """Rank 0 writes each step's training loss to `steps.jsonl` (once per log interval, so it
-    costs no extra device sync): a fresh start truncates it at its first step, a resumed run
-    appends."""
+    costs no extra device sync): a fresh start moves the previous one aside to `steps.N.jsonl`
+    at its first step, a resumed run appends."""
 
 
 @dataclass

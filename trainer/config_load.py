@@ -36,7 +36,7 @@ from trainer.config import (
     WORKER_STARTS,
     JobConfig,
 )
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, missing
 from trainer.plugins import is_import_path
 
 SHOWN = 120  # characters of a user's value an error line quotes: the line stays readable
@@ -135,11 +135,14 @@ def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    keeps the last one silently)."""
+    keeps the last one silently). A merge key (``<<: *defaults``) is not a key of its own: its
+    keys are merged as YAML 1.1 does, the mapping's own keys winning over them."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # SafeConstructor.flatten_mapping merges it
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -157,7 +160,7 @@ _UniqueKeyLoader.add_implicit_resolver(
     list("-+0123456789"))
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML error in one line: the problem and where (PyYAML's own text spans lines)."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
         mark = exc.problem_mark
@@ -174,7 +177,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         raise ConfigError(f"config file {p} is a directory", fix)
     if not p.exists():
-        raise ConfigError(f"config file {p} does not exist", "pass an existing file to --config")
+        why, missing_fix = missing(p, "pass an existing file to --config")
+        raise ConfigError(f"config file {p} {why}", missing_fix)
     if not p.is_file():
         raise ConfigError(f"config file {p} is not a regular file (a device, pipe or socket)",
                           fix)
@@ -189,7 +193,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p} is not valid YAML: {_yaml_problem(exc)}",
+        raise ConfigError(f"config file {p} is not valid YAML: {yaml_problem(exc)}",
                           "fix the YAML there (each key once per mapping)") from None
     return loaded or {}
 
@@ -202,6 +206,9 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         name, sep, raw = item.partition("=")
+        # `--set 'train.epochs = 2'` as `train.epochs=2`: spaces around a key or `=` are typos
+        # (YAML ignores the value's trailing ones itself; a block scalar's lines keep theirs)
+        name, raw = name.strip(), raw.lstrip(" \t")
         parts = name.split(".")
         if not sep or len(parts) < 2 or not all(parts):
             raise ConfigError(f"--set {_short(item, SHOWN)} is malformed",
@@ -217,7 +224,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
             node[parts[-1]] = yaml.load(raw, Loader=_UniqueKeyLoader) if raw else ""  # noqa: S506
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {_short(item, SHOWN)}: the value is not valid YAML: "
-                              f"{_yaml_problem(exc)}", "write a YAML scalar, [list] or {mapping} "
+                              f"{yaml_problem(exc)}", "write a YAML scalar, [list] or {mapping} "
                               "with each key once (quote a string that is none of these)") from None
     return out
 
@@ -242,11 +249,13 @@ def _require(ok: bool, where: str, problem: str, fix: str) -> None:
 def validate(cfg: JobConfig) -> None:
     d, m, o, t, c = cfg.data, cfg.model, cfg.optim, cfg.train, cfg.checkpoint
     if not (d.dataset in DATASET_NAMES or is_import_path(d.dataset)):
-        looks_like_path = os.sep in d.dataset or bool(os.path.splitext(d.dataset)[1])
+        looks_like_path = os.sep in d.dataset or bool(os.path.splitext(d.dataset)[1]) or \
+            os.path.islink(d.dataset)
+        why, fix = missing(d.dataset, "pass an existing file or directory")
         _require(os.path.exists(d.dataset), "data.dataset",
-                 f"data path {d.dataset} does not exist" if looks_like_path else
+                 f"data path {d.dataset} {why}" if looks_like_path else
                  f"unknown dataset {d.dataset!r} (not a built-in, an import path or a path)",
-                 "pass an existing file or directory" if looks_like_path else
+                 fix if looks_like_path else
                  f"use one of {', '.join(DATASET_NAMES)}, a data path or package.module:callable")
     _require(0.0 <= d.val_fraction < 1.0, "data.val_fraction",
              f"{d.val_fraction} is outside [0, 1)", "use e.g. --val-fraction 0.2")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 
 
@@ -49,6 +51,13 @@ class DataError(TrainerError):
     """A dataset is missing, unreadable or inconsistent."""
 
 
+class UserCodeError(TrainerError):
+    """The user's script cannot run at all (it does not compile): found by the launcher before
+    any rank starts, so it is reported like the user code errors of a rank."""
+
+    exit_code = USER_CODE_EXIT
+
+
 class AgreedStop(TrainerError):
     """Raised on every rank at the same step, by agreement (trainer.distributed.agreement): the
     process group is intact and the ranks leave it together."""
@@ -74,5 +83,31 @@ class RankLost(TrainerError):
     exit_code = 4
 
 
+class OutputError(TrainerError):
+    """An output file (summary.json, eval.json) could not be written: a full disk at the end of
+    a run. What was written before (checkpoints, steps.jsonl, the earlier file) is kept."""
+
+
 class CheckpointError(TrainerError):
     """No checkpoint could be written or read."""
+
+
+LOOP = "is a symlink loop (a link that leads back to itself)"
+
+
+def missing(path: str | os.PathLike[str], fix: str) -> tuple[str, str]:
+    """(why, fix) for a path that was named but cannot be used: it ``does not exist`` (with
+    `fix`), ``is a symlink loop`` or is behind a folder the user may not enter
+    (``Path.exists()`` is False for all three, and "does not exist" sends the user looking for a
+    file that is there)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return LOOP, ("point the link at the real file or directory (ls -l shows where it "
+                          "leads), or pass the real path")
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return ("cannot be reached: permission denied on a folder above it",
+                    "chmod that folder (a+x), or run as a user who may enter it")
+        return "does not exist", fix
+    return "is not a regular file", fix

@@ -41,6 +41,11 @@ BAD_VALUES = {
         "elastic.minNodes",
     ),
     "job-name-not-dns-1035": (["--set", "fullnameOverride=9lives"], "fullnameOverride"),
+    # a PVC name is a DNS-1123 subdomain; Kubernetes would refuse the pod only at install time
+    "existing-claim-not-dns-1123": (["--set", "persistence.data.existingClaim=My_Claim"],
+                                    "existingClaim"),
+    "existing-claim-too-long": (["--set", f"persistence.outputs.existingClaim={'a' * 254}"],
+                                "existingClaim"),
 }
 
 

@@ -135,6 +135,35 @@ def test_missing_kubeconfig_says_how_to_point_at_one(
     assert "--kubeconfig" in line
 
 
+@pytest.mark.parametrize(("data", "problem"), [
+    (b"\x00\x01garbage: [\n", "is not valid YAML: unacceptable character #x0000"),
+    (b"hello world\n", "is not a kubeconfig: a str, not a mapping"),
+    (b"\xff\xfe", "is not UTF-8 text (byte 0xff at offset 0)"),
+    (b"apiVersion: v1\nclusters: 3\n", "clusters is not a list of entries with a name"),
+    (b"contexts:\n- name: a\n  context: 3\ncurrent-context: a\n",
+     "has no usable context: AttributeError"),
+], ids=["binary", "text", "not-utf8", "clusters-int", "context-int"])
+def test_a_garbage_kubeconfig_is_named_with_its_problem(
+        data: bytes, problem: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "garbage"
+    path.write_bytes(data)
+    assert kubectl_main(["list", "--kubeconfig", str(path)]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"kubeconfig {path}" in line and problem in line, line
+    assert "user code" not in line
+
+
+@pytest.mark.parametrize("argv", [["list", "--request-timeout", "-1"],
+                                  ["list", "--request-timeout", "nan"],
+                                  ["wait", "mnist", "--poll-interval", "-1"],
+                                  ["wait", "mnist", "--poll-interval", "inf"]])
+def test_a_duration_flag_out_of_range_is_named(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert kubectl_main(argv) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"{argv[-2]} {argv[-1]} is not a number of seconds > 0" in line, line
+
+
 def test_kubeconfig_flag_wins_over_the_environment(
         cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

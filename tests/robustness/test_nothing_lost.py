@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 from tests.robustness.harness import assert_one_error_line, assert_unchanged, snapshot
 from trainer.components import checkpoint
@@ -102,8 +105,27 @@ def _copy(trained: Path, tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-def test_a_fresh_start_truncates_steps_jsonl(trained: Path) -> None:
-    assert _steps(trained / "out" / "steps.jsonl") == [1, 2, 3]  # the earlier run's line is gone
+def test_a_fresh_start_moves_the_previous_steps_jsonl_aside(
+        trained: Path, tmp_path: Path) -> None:
+    assert _steps(trained / "out" / "steps.jsonl") == [1, 2, 3]
+    assert _steps(trained / "out" / "steps.1.jsonl") == [99]  # the earlier run's line is kept
+    run = _copy(trained, tmp_path)
+    proc = run_cli(*TINY, "--epochs", "1", "--output-dir", str(run / "out"))  # fresh again
+    assert proc.returncode == 0, proc.stderr
+    assert _steps(run / "out" / "steps.2.jsonl") == [1, 2, 3]
+    assert _steps(run / "out" / "steps.1.jsonl") == [99]
+
+
+def test_a_fresh_run_failing_after_its_first_step_keeps_the_previous_steps(
+        trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    before = (run / "out" / "steps.jsonl").read_bytes()
+    # lr 1e30 makes the loss inf within a few steps: exit 3 after steps were logged
+    proc = run_cli(*TINY, "--epochs", "3", "--lr", "1e30", "--set", "train.log_every=1",
+                   "--set", "train.log_seconds=0", "--output-dir", str(run / "out"))
+    assert proc.returncode == 3, proc.stderr
+    assert (run / "out" / "steps.2.jsonl").read_bytes() == before
+    assert json.loads((run / "out" / "summary.json").read_text())["steps"] == 3  # the earlier
 
 
 def test_a_resume_appends_to_steps_jsonl_and_keeps_a_valid_checkpoint(
@@ -157,3 +179,44 @@ def test_an_empty_output_dir_is_an_error_not_the_current_directory(tmp_path: Pat
     assert_one_error_line(proc, 2, ("output.dir", "--output-dir"))
     assert_unchanged(before)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+# Inside a mount namespace of its own (unshare: no root needed, the mount vanishes with it), a
+# 12 KiB tmpfs holds the output directory: three 4 KiB pages, taken by the earlier run's
+# summary.json and steps.jsonl and by this run's steps.jsonl, so the disk is full when
+# summary.json is due, as a real disk that fills up during a run. The driver runs the CLI and
+# reports what the directory holds afterwards.
+FULL_DISK_DRIVER = """
+import json, subprocess, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+(out / "summary.json").write_text('{"earlier": true}\\n')
+(out / "steps.jsonl").write_text('{"step": 99, "epoch": 9, "loss": 1.0}\\n')
+proc = subprocess.run([sys.executable, "-m", "trainer", *sys.argv[2:]], capture_output=True,
+                      text=True, check=False)
+files = {p.name: p.read_text() for p in sorted(out.iterdir())}
+print(json.dumps({"code": proc.returncode, "stderr": proc.stderr, "files": files}))
+"""
+
+
+def test_a_disk_full_when_the_summary_is_due_is_one_line_and_keeps_what_was_written(
+        tmp_path: Path) -> None:
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    argv = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+            'mount -t tmpfs -o size=12k ddp-full "$1" && shift && exec "$@"', "sh", str(out),
+            sys.executable, "-c", FULL_DISK_DRIVER, str(out), *TINY, "--epochs", "1",
+            "--checkpoint-dir", str(ckpt), "--output-dir", str(out)]
+    driver = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    assert driver.returncode == 0, driver.stderr
+    result = json.loads(driver.stdout)
+    proc = subprocess.CompletedProcess(argv, result["code"], "", result["stderr"])
+    assert_one_error_line(proc, 2, ("summary.json", "No space left on device", "df -h"),
+                          warnings=1)
+    assert '"val_accuracy"' in result["stderr"]  # the summary's values, in the WARNING line
+    files = result["files"]
+    assert sorted(files) == ["steps.1.jsonl", "steps.jsonl", "summary.json"], files  # no .tmp
+    assert files["summary.json"] == '{"earlier": true}\n'
+    assert [json.loads(line)["step"] for line in files["steps.jsonl"].splitlines()] == [1, 2, 3]
+    assert _names(ckpt) == ["ckpt-000000003.pt"]  # the final checkpoint, on the other disk

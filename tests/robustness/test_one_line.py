@@ -31,6 +31,11 @@ def _dir(name: str) -> object:
     return setup
 
 
+def _loop(tmp: Path) -> None:
+    (tmp / "loop-a").symlink_to(tmp / "loop-b")
+    (tmp / "loop-b").symlink_to(tmp / "loop-a")
+
+
 def _one_class_folder(tmp: Path) -> None:
     from tests.data.datagen import images
 
@@ -97,6 +102,18 @@ CASES = [
          _file("c.yaml", b"train:\n  epochs: 1\noptim:\n  lr: 0.1\ntrain:\n  seed: 2\n")),
     Case("config-bad-yaml", ("train", "--config", "{tmp}/c.yaml", *QUICK), 2,
          ("c.yaml", "not valid YAML", "line"), _file("c.yaml", b"train: [1, 2\n")),
+    # a symlink loop is named as one, not as a missing path
+    Case("config-symlink-loop", ("train", "--config", "{tmp}/loop-a", *QUICK), 2,
+         ("config file", "loop-a", "symlink loop"), _loop),
+    Case("dataset-symlink-loop", ("train", *QUICK[:1], "{tmp}/loop-a", *QUICK[2:]), 2,
+         ("data.dataset", "loop-a", "symlink loop"), _loop),
+    Case("output-dir-symlink-loop", ("train", *QUICK[:-1], "{tmp}/loop-a"), 2,
+         ("output.dir", "loop-a", "symlink loop"), _loop),
+    Case("checkpoint-dir-symlink-loop", ("train", *QUICK, "--checkpoint-dir", "{tmp}/loop-a"), 2,
+         ("checkpoint dir", "loop-a", "symlink loop"), _loop),
+    Case("evaluate-checkpoint-symlink-loop", ("evaluate", "--checkpoint", "{tmp}/loop-a",
+                                              "--output-dir", "{tmp}/out"), 2,
+         ("checkpoint", "loop-a", "symlink loop"), _loop),
     # a --set value is validated even when a flag sets the same key
     Case("set-list-under-flag", ("train", "--epochs", "1", "--set", "train.epochs=[1,2]",
                                  *QUICK), 2, ("train.epochs", "expected int")),
@@ -116,6 +133,18 @@ CASES = [
     Case("run-one-class-image-folder", ("run", "--nproc-per-node", "2", *QUICK[:1], "{tmp}/pics",
                                         *QUICK[2:]), 2, ("only one class folder",),
          _one_class_folder),
+    # `run SCRIPT` with a file that is not a Python script, or does not compile: checked
+    # before any rank starts (a syntax error is the user's code: exit 5)
+    Case("run-script-syntax-error", ("run", "--nproc-per-node", "2", "--metrics-port", "0",
+                                     "{tmp}/train.py"), 5,
+         ("train.py", "does not compile", "SyntaxError", "train.py:2"),
+         _file("train.py", b"import trainer\nx = (\n")),
+    Case("run-script-is-a-csv", ("run", "--nproc-per-node", "2", "--metrics-port", "0",
+                                 "{tmp}/d.csv"), 2, ("d.csv", "not a Python file", "--dataset"),
+         _file("d.csv", b"a,b\n1,2\n")),
+    Case("run-script-is-an-npz", ("run", "--nproc-per-node", "2", "--metrics-port", "0",
+                                  "{tmp}/d.npz"), 2, ("d.npz", "not a Python file"),
+         _file("d.npz", b"PK\x03\x04" + bytes(60))),
     # checkpoints
     Case("evaluate-foreign-payload", ("evaluate", "--checkpoint", "{tmp}/ckpt-000000007.pt",
                                       "--output-dir", "{tmp}/out"), 2,
@@ -138,20 +167,39 @@ def test_bad_input_is_one_line_and_touches_nothing(case: Case, tmp_path: Path) -
     assert_unchanged(before)
 
 
+def _unprivileged(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user who may not read a file of mode 000. Root reads one through
+    CAP_DAC_OVERRIDE, so as root the CLI runs with it and CAP_DAC_READ_SEARCH dropped (setpriv,
+    util-linux): the kernel refuses the read as for any user. Not as `nobody`: a checkout in a
+    0700 folder (`mktemp -d`) is closed to it."""
+    argv = [sys.executable, "-m", "trainer", *args]
+    if os.geteuid() == 0:
+        argv = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *argv]
+    return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+
+
 def test_unreadable_config_file(tmp_path: Path) -> None:
-    # Root reads a file of mode 000 through CAP_DAC_OVERRIDE, so as root the CLI runs with it
-    # and CAP_DAC_READ_SEARCH dropped (setpriv, util-linux): the kernel refuses the read as for
-    # any user. Not as `nobody`: a checkout in a 0700 folder (`mktemp -d`) is closed to it.
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train:\n  epochs: 1\n")
     cfg.chmod(0)
-    argv = [sys.executable, "-m", "trainer", "train", "--config", str(cfg),
-            "--metrics-port", "0", "--output-dir", str(tmp_path / "out")]
-    if os.geteuid() == 0:
-        argv = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *argv]
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    proc = _unprivileged(tmp_path, "train", "--config", str(cfg), "--metrics-port", "0",
+                         "--output-dir", str(tmp_path / "out"))
     assert_one_error_line(proc, 2, ("c.yaml",))
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_npz_dataset_says_permission_denied_not_re_create_it(
+        tmp_path: Path) -> None:
+    import numpy as np
+
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.zeros((20, 3), dtype=np.float32), y=np.arange(20) % 2)
+    data.chmod(0)
+    proc = _unprivileged(tmp_path, "train", "--dataset", str(data), "--metrics-port", "0",
+                         "--output-dir", str(tmp_path / "out"))
+    line = assert_one_error_line(proc, 2, ("d.npz", "permission denied", "chmod"))
+    assert "re-create" not in line
     assert not (tmp_path / "out").exists()
 
 

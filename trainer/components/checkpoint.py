@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import CheckpointError
+from trainer.errors import LOOP, CheckpointError, missing
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,9 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 def check_writable(directory: Path) -> None:
     """Fail before training, not at the first save, when checkpoints cannot be written."""
+    why, fix = missing(directory, "")
+    if why == LOOP:  # mkdir would say "File exists"
+        raise CheckpointError(f"checkpoint dir {directory} {why}", fix)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):

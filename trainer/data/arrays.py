@@ -50,8 +50,8 @@ def _open(path: Path) -> np.memmap[Any, Any]:
         # Reads the header and maps the file; no data is read.
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        raise DataError(f"{path} is not a readable .npy array ({exc})",
-                        "re-create it with numpy.save (numeric dtypes, no objects)") from None
+        raise checks.unreadable(path, exc, ".npy array",
+                         "re-create it with numpy.save (numeric dtypes, no objects)") from None
     if not isinstance(arr, np.memmap):  # a 0-byte array or a .npz in disguise
         raise DataError(f"{path} cannot be memory-mapped", "re-create it with numpy.save")
     return arr

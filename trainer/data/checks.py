@@ -8,7 +8,10 @@ every batch as it is read, so a NaN deep in a 5 GB file still stops the run with
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +23,17 @@ LABEL_CHUNK = 1 << 20
 """Labels read per chunk when scanning them (8 MiB of int64)."""
 FEATURE_SAMPLE = 4096
 """Rows whose features are checked before training (then every batch is checked as read)."""
+
+
+def unreadable(path: Path, exc: Exception, what: str, fix: str) -> DataError:
+    """The error for a data file that failed to load: "permission denied" with its fix when the
+    user may not read it (re-creating the file would not help), else `what` it is not."""
+    if isinstance(exc, PermissionError) or getattr(exc, "errno", None) == errno.EACCES or \
+            (path.is_file() and not os.access(path, os.R_OK)):
+        return DataError(f"{path} cannot be read: permission denied",
+                         "chmod a+r it, or run as a user who can read it (ls -l shows its owner "
+                         "and mode)")
+    return DataError(f"{path} is not a readable {what} ({exc})", fix)
 
 
 def label_classes(lo: int, hi: int, n: int, num_classes: int, where: str) -> int:

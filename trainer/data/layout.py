@@ -27,7 +27,7 @@ from trainer.config import DataConfig
 from trainer.data import arrays, images, memory, tables
 from trainer.data.splits import split
 from trainer.data.transforms import ImageTransform
-from trainer.errors import DataError
+from trainer.errors import DataError, missing
 
 VAL_DIRS = ("val", "validation")
 FILE_FORMATS = {".npz": "npz", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
@@ -108,7 +108,8 @@ def detect(path: Path, cfg: DataConfig) -> Layout:
         if path.exists():
             raise DataError(f"data path {path} is not a regular file or a directory (a device, "
                             "pipe or socket)", "pass a data file or directory")
-        raise DataError(f"data path {path} does not exist", "pass an existing file or directory")
+        why, fix = missing(path, "pass an existing file or directory")
+        raise DataError(f"data path {path} {why}", fix)
     train, val = path / "train", next((path / v for v in VAL_DIRS if (path / v).is_dir()), None)
     if train.is_dir() and val is not None:
         sub = _guess(train) if fmt == "auto" else (fmt if _matches(fmt, train) else None)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from trainer.data.checks import label_classes
+from trainer.data.checks import label_classes, unreadable
 from trainer.errors import DataError
 
 
@@ -89,8 +89,8 @@ def _npz(path: Path) -> tuple[Tensor, Tensor]:
                                 "save it with np.savez(path, x=features, y=labels)")
             x_np, y_np = arrays["x"], arrays["y"]
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise DataError(f"{path} is not a readable .npz file ({exc})",
-                        "re-create it with np.savez(path, x=features, y=labels)") from None
+        raise unreadable(path, exc, ".npz file",
+                         "re-create it with np.savez(path, x=features, y=labels)") from None
     if not np.issubdtype(x_np.dtype, np.number):
         raise DataError(f"{path}: x has dtype {x_np.dtype}, not numeric", "store x as float32")
     if y_np.ndim != 1 or not np.issubdtype(y_np.dtype, np.integer):

@@ -98,8 +98,8 @@ def inspect_csv(path: Path, cfg: DataConfig) -> str:
         with pa_csv.open_csv(path) as reader:
             schema = reader.schema
     except (OSError, ValueError) as exc:
-        raise DataError(f"{path} is not a readable CSV table ({exc})",
-                        "write a header line and one comma-separated row per sample") from None
+        raise checks.unreadable(path, exc, "CSV table",
+                         "write a header line and one comma-separated row per sample") from None
     columns(schema, cfg, str(path))
     return f"CSV table ({len(schema.names)} columns)"
 
@@ -114,8 +114,8 @@ def inspect_parquet(files: Sequence[Path], cfg: DataConfig) -> str:
         try:
             meta = pq.read_metadata(path)
         except (OSError, ValueError) as exc:
-            raise DataError(f"{path} is not a readable Parquet file ({exc})",
-                            "re-write it (e.g. pyarrow.parquet.write_table)") from None
+            raise checks.unreadable(path, exc, "Parquet file",
+                             "re-write it (e.g. pyarrow.parquet.write_table)") from None
         columns(meta.schema.to_arrow_schema(), cfg, str(path))
         rows += meta.num_rows
     return f"Parquet table ({len(files)} file(s), {rows} rows)"
@@ -188,8 +188,8 @@ def read_csv(path: Path) -> pa.Table:
     try:
         return pa_csv.read_csv(path)
     except (OSError, ValueError) as exc:
-        raise DataError(f"{path} is not a readable CSV table ({exc})",
-                        "write a header line and one comma-separated row per sample") from None
+        raise checks.unreadable(path, exc, "CSV table",
+                         "write a header line and one comma-separated row per sample") from None
 
 
 # -- the dataset -----------------------------------------------------------------------------

@@ -18,10 +18,12 @@ from trainer.jobs.errors import (
 )
 from trainer.jobs.kinds import CHOICES, LABEL_JOBSET, LABEL_RJOB, TRAINER_RJOB, TRAINJOB, Kind
 from trainer.jobs.kube import Cluster, Target, connect, job_not_found
+from trainer.jobs.kubeconfig import check_seconds
 from trainer.jobs.views import JobView, PodView, job_view, pod_view, rank_pods, with_pod_counts
 
 
 def cluster_from(args: argparse.Namespace) -> Cluster:
+    check_seconds("--request-timeout", args.request_timeout)
     return connect(
         Target(
             kubeconfig=args.kubeconfig,
@@ -137,6 +139,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
+    check_seconds("--poll-interval", args.poll_interval)
     cluster = cluster_from(args)
     timeout = parse_duration(args.timeout)
     started = time.monotonic()

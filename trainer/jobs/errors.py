@@ -24,6 +24,10 @@ class ClientMissing(JobsError):
         )
 
 
+class BadArgument(JobsError):
+    """A flag of a job command has a value it cannot use."""
+
+
 class KubeconfigError(JobsError):
     """No usable kubeconfig or context."""
 

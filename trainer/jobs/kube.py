@@ -39,6 +39,7 @@ from trainer.jobs.errors import (
     KubeconfigError,
 )
 from trainer.jobs.kinds import KINDS, Kind
+from trainer.jobs.kubeconfig import absent, check_kubeconfig, reason
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -263,21 +264,24 @@ def connect(target: Target) -> Cluster:
         context = "in-cluster"
         namespace = target.namespace or _service_account_namespace()
     else:
-        missing = [str(p) for p in paths if not p.is_file()]
+        missing = [absent(p) for p in paths if not p.is_file()]
         if missing and len(missing) == len(paths):
             raise KubeconfigError(
                 f"no kubeconfig at {', '.join(missing)}",
                 "pass --kubeconfig FILE, set KUBECONFIG, or run inside a pod with a service "
                 "account",
             )
+        for found in (p for p in paths if p.is_file()):
+            check_kubeconfig(found)
         joined = os.pathsep.join(str(p) for p in paths if p.is_file())
         try:
             contexts, active = config.list_kube_config_contexts(  # type: ignore[no-untyped-call, unused-ignore]
                 config_file=joined
             )
-        except ConfigException as exc:
+        except (ConfigException, TypeError, KeyError, AttributeError, ValueError) as exc:
+            # the client's errors on an entry of the wrong shape check_kubeconfig lets through
             raise KubeconfigError(
-                f"kubeconfig {joined} has no usable context: {first_line(exc)}",
+                f"kubeconfig {joined} has no usable context: {reason(exc)}",
                 "fix the file, or pass another one with --kubeconfig",
             ) from None
         names = [c["name"] for c in contexts]
@@ -293,9 +297,9 @@ def connect(target: Target) -> Cluster:
                 client_configuration=configuration,
                 persist_config=False,
             )
-        except ConfigException as exc:
+        except (ConfigException, TypeError, KeyError, AttributeError, ValueError) as exc:
             raise KubeconfigError(
-                f"kubeconfig {joined} is not usable: {first_line(exc)}",
+                f"kubeconfig {joined} is not usable: {reason(exc)}",
                 "fix the file, or pick another context with --context",
             ) from None
         context = target.context or (active or {}).get("name", "")

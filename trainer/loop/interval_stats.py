@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -102,8 +103,9 @@ class Interval:
 class StepLog:
     """``steps.jsonl``: one JSON line per optimizer step (recomputed steps appear again),
     opened at the first write (~70 us an interval when reopened each time). It belongs to one
-    run: a fresh start truncates it at its first line (a run that fails before its first step
-    leaves it as it was), a resumed run appends."""
+    run: a fresh start moves the previous run's file aside at its first line (to
+    ``steps.N.jsonl``, N one above the highest there: nothing is deleted, and a run that fails
+    before its first step leaves it as it was), a resumed run appends."""
 
     def __init__(self, path: Path, fresh: bool = False) -> None:
         self.path = path
@@ -116,12 +118,27 @@ class StepLog:
         whose repr is their JSON (~4x faster than json.dumps per line)."""
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.fresh:
+                self._move_previous_aside()
             self._file = self.path.open("w" if self.fresh else "a", encoding="utf-8")
         first = last_step - len(losses) + 1
         self._file.write("".join(
             f'{{"step": {first + i}, "epoch": {epoch}, "loss": {value!r}}}\n'
             for i, (epoch, value) in enumerate(zip(epochs, losses, strict=True))))
         self._file.flush()  # in the kernel's hands at once: a crash loses no line
+
+    def _move_previous_aside(self) -> None:
+        """``steps.jsonl`` -> ``steps.N.jsonl``: a fresh run, failed or not, never destroys the
+        steps of the run before it (an empty file holds nothing to keep)."""
+        stem, suffix = self.path.stem, self.path.suffix
+        try:
+            if self.path.stat().st_size == 0:
+                return
+        except FileNotFoundError:
+            return
+        taken = [int(n) for p in self.path.parent.glob(f"{stem}.*{suffix}")
+                 if (n := p.name[len(stem) + 1:len(p.name) - len(suffix)]).isdigit()]
+        os.replace(self.path, self.path.with_name(f"{stem}.{max(taken, default=0) + 1}{suffix}"))
 
     def close(self) -> None:
         if self._file is not None:

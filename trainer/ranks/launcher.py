@@ -8,9 +8,12 @@ own argument parser reads exactly those, so we reuse it rather than re-implement
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 
@@ -19,12 +22,91 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
-from trainer.errors import USER_CODE_EXIT
+from trainer.errors import USER_CODE_EXIT, TrainerError, UserCodeError, first_line
 from trainer.ranks import usercode
 
 log = logging.getLogger(__name__)
 
 CLUSTER_ENV = ("PET_NNODES", "PET_MASTER_ADDR", "PET_RDZV_ENDPOINT")
+
+RANKS_PER_CORE = 4
+"""Most local CPU ranks per usable core without ``--oversubscribe``: a few per core still test
+DDP on a laptop (3 ranks on 2 cores run in the tests); beyond that each rank gets a sliver of a
+core and costs ~250 MB of memory for nothing (a million asked for ran the machine out of
+memory after 35 ranks, 8 GB)."""
+
+STOP_GRACE_SECONDS = 10.0
+"""How long ranks left behind by a failed launcher get to leave on SIGTERM before SIGKILL."""
+
+
+def check_nproc(nproc: int, oversubscribe: bool, device: str) -> None:
+    """Refuse a number of local ranks this machine cannot run on `device` (train.device): more
+    than one per GPU (NCCL refuses two ranks on one GPU) or more than RANKS_PER_CORE per usable
+    core, unless `oversubscribe`."""
+    import torch
+
+    if nproc < 1:
+        raise TrainerError(f"--nproc-per-node {nproc} < 1", "use 1 or more")
+    if oversubscribe:
+        return
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        gpus = torch.cuda.device_count()
+        if nproc > gpus:
+            raise TrainerError(f"--nproc-per-node {nproc} is more than the {gpus} GPUs here "
+                               "(one rank per GPU)", f"use --nproc-per-node {gpus} or fewer, "
+                               "or pass --oversubscribe to share GPUs anyway")
+        return
+    cores = len(os.sched_getaffinity(0))
+    if nproc > RANKS_PER_CORE * cores:
+        raise TrainerError(f"--nproc-per-node {nproc} is more than {RANKS_PER_CORE} ranks per "
+                           f"CPU core ({cores} cores usable here)",
+                           f"use --nproc-per-node {RANKS_PER_CORE * cores} or fewer, or pass "
+                           "--oversubscribe to start them anyway")
+
+
+def _children() -> list[int]:
+    """The pids of this process's children (from /proc: the agent may have lost the handles of
+    the ranks it started when it failed while starting the others)."""
+    me, pids = os.getpid(), []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read()
+                if int(stat.rpartition(b")")[2].split()[1]) == me:  # field 4: ppid
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """`sig` to the rank and its DataLoader workers (the agent starts each rank as the leader of
+    a session of its own)."""
+    with contextlib.suppress(OSError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def stop_ranks() -> int:
+    """SIGTERM every rank still running, SIGKILL those left after STOP_GRACE_SECONDS, reap
+    them; return how many there were."""
+    pids = _children()
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
+    running, deadline = set(pids), time.monotonic() + STOP_GRACE_SECONDS
+    while running:
+        for pid in list(running):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            running.discard(pid)
+        if running and time.monotonic() > deadline:
+            for pid in running:
+                _signal_group(pid, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.05)
+    return len(pids)
 
 
 def _launcher_argv(nproc: int, max_restarts: int, timeout_seconds: float) -> list[str]:
@@ -67,6 +149,31 @@ def report_user_code(err: ChildFailedError) -> None:
           file=sys.stderr)
 
 
+def check_script(path: str) -> None:
+    """Fail before any rank starts when `path` is not a Python script that compiles: a data file
+    (a .npz, a .csv) is bad input (exit 2), a syntax error is the user's code (exit 5)."""
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        raise TrainerError(f"script {path} cannot be read ({exc.strerror})",
+                           "chmod it (a+r), or run as a user who can read it") from None
+    shebang = source[:2] == b"#!" and b"python" in source.partition(b"\n")[0]
+    if not (path.endswith(".py") or shebang):
+        raise TrainerError(f"script {path} is not a Python file (its name does not end in .py "
+                           "and it has no python #! line)",
+                           "pass the Python script that calls trainer.fit(); a data file goes "
+                           "to --dataset")
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:  # ValueError: null bytes (Python 3.11)
+        where = f" at {path}:{exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        raise UserCodeError(f"script {path} does not compile: {type(exc).__name__}: "
+                            f"{first_line(message, 200)}{where}",
+                            "fix that line of your script") from None
+
+
 def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds: float,
            env: Mapping[str, str], debug: bool = False) -> int:
     """Run ``python -m trainer <rank_argv>`` as `nproc` local ranks; return an exit code."""
@@ -93,10 +200,15 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
         return exit_code_of(err)
     except SignalException as err:  # SIGTERM/SIGINT to the agent: it stopped the ranks
         return 128 + int(err.sigval)
-    except Exception as err:  # noqa: BLE001 - the agent's own failures (rendezvous, ...)
-        if debug:
+    except BaseException as err:  # the agent's own failures (rendezvous, starting a rank, ...)
+        # The agent stops its ranks only once all have started: one failing to start (fork
+        # out of memory) left the others running after the launcher exited.
+        stopped = stop_ranks()
+        if debug or not isinstance(err, Exception):
             raise
-        print(f"error: launcher failed: {err} (fix: rerun with --debug for details)",
-              file=sys.stderr)
+        text = f"{type(err).__name__}: {first_line(err, 200)}"
+        print(f"error: launcher failed: {text}; the {stopped} ranks it had started were stopped "
+              "(fix: rerun with --debug for details; if a rank could not start, use fewer "
+              "--nproc-per-node)", file=sys.stderr)
         return 1
     return 0

@@ -27,7 +27,7 @@ from trainer.data.loaders import eval_loader, worker_options
 from trainer.distributed.agreement import agree_resume, collective
 from trainer.distributed.bootstrap import DistContext
 from trainer.distributed.preemption import StopFlag, linger
-from trainer.errors import CheckpointError, ConfigError, DataError
+from trainer.errors import CheckpointError, ConfigError, DataError, missing
 from trainer.metrics import RunInfo, build_metrics
 from trainer.ranks.lifecycle import rank_life
 from trainer.ranks.outputs import write_json
@@ -157,8 +157,8 @@ def _scored_checkpoint(path: str) -> dict[str, Any]:
         return training_state(checkpoint.read(Path(path)), path, ("config", "model"))
     except CheckpointError:
         if not Path(path).exists():
-            raise CheckpointError(f"checkpoint {path} does not exist",
-                                  "pass a ckpt-*.pt file or a --checkpoint-dir") from None
+            why, fix = missing(path, "pass a ckpt-*.pt file or a --checkpoint-dir")
+            raise CheckpointError(f"checkpoint {path} {why}", fix) from None
         raise
 
 
