@@ -2,14 +2,27 @@
 
 The plain job is written the way Kubeflow's own PyTorch examples write it: `torchrun` (which
 reads the operator's PET_* variables) running a bare DDP script with a DistributedSampler and
-a per-sample DataLoader over a TensorDataset. Both run in our image, on the same data (digits,
-the same 80/20 split size), model (MLP 64-128-64-10), optimizer (SGD 0.05, momentum 0.9),
-epochs, per-rank batch (64) and world size (1 Master + 1 Worker, one CPU rank each), and both
-validate after every epoch. Reported: wall time from `helm install` / `kubectl apply` to
-`Succeeded` and the training samples/s each job logs (ours: the `done:` line; plain: the
-script's own count over its training loop), as medians over alternating runs, and the ratios.
+a per-sample DataLoader over a TensorDataset. Like for like, both jobs run in our image, with:
 
-    .venv/bin/python benchmarks/bench_cluster_job.py [--pairs 3] [--epochs 20]
+* the same ranks: 1 Master + 1 Worker pod, one CPU rank each. The plain job states
+  ``nprocPerNode: "1"``: left out, the operator defaults it to ``auto``, and torchrun then
+  starts one rank per core with 1 thread each (4 ranks, twice the global batch, here);
+* the same threads: each pod's CPU limit is 1 core (``--cpu-limit``; two pods share this
+  2-core node), our ranks derive 1 thread from it (their ``threads:`` log line is checked),
+  and the plain job sets ``OMP_NUM_THREADS`` to the same count (torch would start one thread
+  per core of the node whatever the limit);
+* the same data (digits, the same 80/20 split size), optimizer (SGD 0.05, momentum 0.9),
+  epochs, per-rank batch (64; global batch 128) and model, one of two:
+  ``small`` (MLP 64-128-64-10, the chart's default: a step of ~1 ms) and ``wide`` (MLP
+  64-768-768-10: ~8 ms of one thread's compute a step here, plus its 2.6 MB all-reduce);
+* validation after every epoch; our checkpoints at their default cadence (every 300 s by rank
+  0's clock, and the final one), the plain job none.
+
+Reported: wall time from `helm install` / `kubectl apply` to `Succeeded` and the training
+samples/s each job logs (ours: the `done:` line; plain: the script's own count over its
+training loop), as medians over alternating runs, and the ratios ours / plain.
+
+    .venv/bin/python benchmarks/bench_cluster_job.py [--pairs 3] [--epochs 20] [--model small]
 """
 
 from __future__ import annotations
@@ -21,13 +34,14 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster.helm import Release, push_chart, release_name  # noqa: E402
+from tests.cluster.helm import CHART, Release, release_name  # noqa: E402
 from tests.cluster.kube import RESTRICTED_CONTAINER, RESTRICTED_POD, Cluster, bring_up  # noqa: E402
 
 PLAIN_SCRIPT = r'''
@@ -49,10 +63,14 @@ cut = int(len(x) * 0.8)
 train = TensorDataset(x[perm[:cut]], y[perm[:cut]])
 val = TensorDataset(x[perm[cut:]], y[perm[cut:]])
 sampler = DistributedSampler(train)
-loader = DataLoader(train, batch_size=64, sampler=sampler)
-val_loader = DataLoader(val, batch_size=64, sampler=DistributedSampler(val, shuffle=False))
-model = nn.parallel.DistributedDataParallel(nn.Sequential(
-    nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)))
+batch = int(os.environ["BATCH"])
+loader = DataLoader(train, batch_size=batch, sampler=sampler)
+val_loader = DataLoader(val, batch_size=batch, sampler=DistributedSampler(val, shuffle=False))
+widths = [64, *map(int, os.environ["HIDDEN"].split(",")), 10]
+layers = []
+for a, b in zip(widths, widths[1:]):
+    layers += [nn.Linear(a, b), nn.ReLU()]
+model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers[:-1]))
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 seen, began = 0, time.perf_counter()
 for epoch in range(int(os.environ["EPOCHS"])):
@@ -78,17 +96,35 @@ dist.destroy_process_group()
 '''
 PLAIN_RATE = re.compile(r"plain: (\d+) samples/s")
 OURS_RATE = re.compile(r"done: \d+ steps, (\d+) samples/s")
+OURS_THREADS = re.compile(r"threads: (\d+) per rank \((.*)\)")
+MODELS = {"small": [128, 64], "wide": [768, 768]}
+"""Hidden widths of the MLP 64-...-10 both jobs train."""
+BATCH = 64
+"""Per rank; 2 ranks: a global batch of 128."""
 
 
-def plain_job(name: str, image: str, epochs: int) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Setup:
+    epochs: int
+    hidden: list[int]
+    cpu_limit: str
+    threads: int
+
+    def resources(self) -> dict[str, Any]:
+        # Requests stay small: two pods requesting a core each do not fit this 2-core node.
+        return {"requests": {"cpu": "100m", "memory": "512Mi"},
+                "limits": {"cpu": self.cpu_limit, "memory": "6Gi"}}
+
+
+def plain_job(name: str, image: str, setup: Setup) -> list[dict[str, Any]]:
     """The ConfigMap holding the script and the PyTorchJob running it with torchrun."""
+    env = {"EPOCHS": str(setup.epochs), "HIDDEN": ",".join(map(str, setup.hidden)),
+           "BATCH": str(BATCH), "OMP_NUM_THREADS": str(setup.threads), "HOME": "/tmp"}
     container = {"name": "pytorch", "image": image,
                  "command": ["torchrun", "/script/train.py"],
-                 "env": [{"name": "EPOCHS", "value": str(epochs)},
-                         {"name": "HOME", "value": "/tmp"}],
+                 "env": [{"name": k, "value": v} for k, v in env.items()],
                  "ports": [{"name": "pytorchjob-port", "containerPort": 23456}],
-                 "resources": {"requests": {"cpu": "100m", "memory": "512Mi"},
-                               "limits": {"cpu": "2", "memory": "6Gi"}},
+                 "resources": setup.resources(),
                  "securityContext": RESTRICTED_CONTAINER,
                  "volumeMounts": [{"name": "script", "mountPath": "/script"},
                                   {"name": "tmp", "mountPath": "/tmp"}]}
@@ -99,30 +135,45 @@ def plain_job(name: str, image: str, epochs: int) -> list[dict[str, Any]]:
     return [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
              "data": {"train.py": PLAIN_SCRIPT}},
             {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
-             "spec": {"pytorchReplicaSpecs": {"Master": replica, "Worker": replica}}}]
+             "spec": {"nprocPerNode": "1",  # as ours; the operator's default is "auto"
+                      "pytorchReplicaSpecs": {"Master": replica, "Worker": replica}}}]
 
 
-def run_ours(cluster: Cluster, chart: str, epochs: int, tmp: Path) -> tuple[float, float]:
+def run_ours(cluster: Cluster, chart: str, setup: Setup, tmp: Path) -> tuple[float, float]:
     release = Release(cluster, release_name(), cluster.namespace("bench"), {
-        "trainerConfig": {"train": {"epochs": epochs}, "metrics": {"linger_seconds": 0}}})
+        "resources": setup.resources(),
+        "trainerConfig": {"train": {"epochs": setup.epochs, "batch_size": BATCH},
+                          "model": {"name": "mlp", "hidden_sizes": setup.hidden},
+                          "metrics": {"linger_seconds": 0}}})
     began = time.monotonic()
     release.install(chart, tmp=tmp)
     release.wait_condition("Succeeded")
     wall = time.monotonic() - began
-    found = OURS_RATE.search(cluster.logs(release.pod("master"), release.namespace))
-    assert found is not None
+    log = cluster.logs(release.pod("master"), release.namespace)
+    found, threads = OURS_RATE.search(log), OURS_THREADS.search(log)
+    assert found is not None and threads is not None, log[-3000:]
+    assert int(threads.group(1)) == setup.threads, threads.group(0)
     cluster.kubectl("delete", "namespace", release.namespace, "--wait=false")
     return wall, float(found.group(1))
 
 
-def run_plain(cluster: Cluster, epochs: int) -> tuple[float, float]:
+def run_plain(cluster: Cluster, setup: Setup) -> tuple[float, float] | None:
+    """(wall s, samples/s), or None when the job did not succeed in 3 minutes: once (1 of 6
+    plain runs, 2026-12-06) the bare script's Worker failed after the Master had logged its
+    result, and its restarts could not reach the finished Master (gloo: connection refused)
+    while the Master never exited: the job hung."""
     ns, name = cluster.namespace("bench"), release_name().replace("ddp-trainer", "plain")
-    objects = plain_job(name, cluster.image, epochs)
+    objects = plain_job(name, cluster.image, setup)
     for obj in objects:
         obj["metadata"]["namespace"] = ns
     began = time.monotonic()
     cluster.apply(*objects)
-    cluster.wait(f"pytorchjob/{name}", "condition=Succeeded", ns, 900)
+    try:
+        cluster.wait(f"pytorchjob/{name}", "condition=Succeeded", ns, 180)
+    except AssertionError as err:
+        print(f"plain job {name} did not succeed: {str(err)[:300]}", flush=True)
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+        return None
     wall = time.monotonic() - began
     found = PLAIN_RATE.search(cluster.logs(f"{name}-master-0", ns))
     assert found is not None
@@ -134,20 +185,36 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--model", choices=sorted(MODELS), default="small")
+    parser.add_argument("--cpu-limit", default="1", help="CPU limit of every pod (a quantity)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads per rank that limit gives (the plain job's "
+                             "OMP_NUM_THREADS; ours derive it and the run checks it)")
     args = parser.parse_args()
+    setup = Setup(args.epochs, MODELS[args.model], args.cpu_limit, args.threads)
     cluster = bring_up()
     with tempfile.TemporaryDirectory() as tmp:
-        chart = push_chart(cluster, Path(tmp))
+        chart = str(CHART)  # the chart of this checkout; its image: the one bring_up built
         results: dict[str, list[tuple[float, float]]] = {"ours": [], "plain": []}
         for pair in range(args.pairs):
-            results["ours"].append(run_ours(cluster, chart, args.epochs, Path(tmp)))
-            results["plain"].append(run_plain(cluster, args.epochs))
-            print(f"pair {pair + 1}: ours {results['ours'][-1]}, plain {results['plain'][-1]} "
-                  "(wall s, samples/s)", flush=True)
+            # Alternate which goes first, so a drift in the node's load hits both alike.
+            order = ("ours", "plain") if pair % 2 == 0 else ("plain", "ours")
+            got = {kind: run_ours(cluster, chart, setup, Path(tmp)) if kind == "ours"
+                   else run_plain(cluster, setup) for kind in order}
+            ours, plain = got["ours"], got["plain"]
+            assert ours is not None
+            if plain is None:
+                print(f"pair {pair + 1}: left out (the plain job failed)", flush=True)
+                continue
+            results["ours"].append(ours)
+            results["plain"].append(plain)
+            print(f"pair {pair + 1}: ours {ours}, plain {plain} (wall s, samples/s)", flush=True)
     median = {kind: (statistics.median(w for w, _ in runs), statistics.median(r for _, r in runs))
               for kind, runs in results.items()}
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "epochs": args.epochs, "pairs": args.pairs, "median": median,
+              "model": args.model, "hidden": setup.hidden, "epochs": args.epochs,
+              "pairs": args.pairs, "cpu_limit": args.cpu_limit, "threads": args.threads,
+              "per_rank_batch": BATCH, "ranks": 2, "runs": results, "median": median,
               "wall_ratio_ours_over_plain": median["ours"][0] / median["plain"][0],
               "rate_ratio_ours_over_plain": median["ours"][1] / median["plain"][1]}
     print(json.dumps(report, indent=1))

@@ -224,6 +224,7 @@ def test_a_trainer_used_alone_creates_its_checkpoint_dir_and_saves_there(tmp_pat
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 2, 16, str(tmp_path)
     cfg.checkpoint.dir = str(tmp_path / "not" / "yet" / "there")
+    cfg.checkpoint.every_seconds = 0  # a save every epoch end
     summary = build_trainer(cfg, ctx, parts, NullSink()).train()
     saved = checkpoint.list_checkpoints(Path(cfg.checkpoint.dir))
     assert [p.name for p in saved] == ["ckpt-000000032.pt", "ckpt-000000016.pt"]
@@ -280,7 +281,8 @@ def test_loaders_with_workers_start_only_when_no_checkpoint_write_runs(
     ctx, parts = _ALONE, _hand_made_parts(5)
     cfg = JobConfig()
     cfg.train.epochs, cfg.train.batch_size, cfg.output.dir = 3, 16, str(tmp_path)
-    cfg.checkpoint.dir = str(tmp_path / "c")  # checkpoint.every 0: a save every epoch end
+    cfg.checkpoint.dir = str(tmp_path / "c")
+    cfg.checkpoint.every_seconds = 0  # with checkpoint.every 0: a save every epoch end
     t = build_trainer(cfg, ctx, parts, NullSink())
     seen: list[bool | str] = []
     train_loader = parts.train_loader

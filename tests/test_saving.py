@@ -6,8 +6,10 @@ import functools
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
+from tests.conftest import read_json, run_cli
 from trainer.components import checkpoint
 from trainer.config import CheckpointConfig
 from trainer.loop.save_policy import Saver
@@ -23,8 +25,9 @@ def test_every_n_steps_replaces_epoch_end_saves_but_the_end_is_always_saved(
     saver.close()
 
 
-def test_every_zero_saves_each_epoch_end_and_no_step(tmp_path: Path) -> None:
-    saver = Saver(CheckpointConfig(dir=str(tmp_path / "c"), every=0), is_main=True)
+def test_every_zero_and_no_timed_saves_save_each_epoch_end_and_no_step(tmp_path: Path) -> None:
+    saver = Saver(CheckpointConfig(dir=str(tmp_path / "c"), every=0, every_seconds=0),
+                  is_main=True)
     assert not any(saver.due(s) for s in range(1, 100))
     assert saver.at_epoch_end(23, final=False)
     saver.close()
@@ -79,3 +82,86 @@ def test_max_steps_ends_training_inside_an_epoch_even_without_checkpoints() -> N
     stop = saver.after_step(30, epoch=0, ends_epoch=False)
     assert stop.final and stop.awaited and not stop.saved and not stop.save_now
     saver.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_by_default_only_time_saves_inside_training(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr("trainer.loop.save_policy.time.monotonic", clock)
+    saver = Saver(CheckpointConfig(dir=str(tmp_path / "c")), is_main=True, epochs=100)
+    assert saver.every_seconds == 300 and saver.every == 0
+    assert not any(saver.due(s) for s in range(1, 100))
+    assert not saver.after_step(64, epoch=0, ends_epoch=True).saved  # no epoch-end save
+    clock.now += 299.9
+    assert not saver.clock_due()
+    clock.now += 0.1
+    assert saver.clock_due() and not saver.clock_due()  # asked once, until the save
+    saver.close()
+
+
+def test_an_agreed_timed_save_happens_at_the_next_step_then_the_clock_restarts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr("trainer.loop.save_policy.time.monotonic", clock)
+    saver = Saver(CheckpointConfig(dir=str(tmp_path / "c"), every_seconds=60), is_main=True,
+                  epochs=100)
+    clock.now += 60
+    assert saver.clock_due()
+    saver.agreed_due()  # what Policies does with a verdict whose save_due is set
+    decision = saver.after_step(11, epoch=0, ends_epoch=False)
+    assert (decision.save_now, decision.awaited) == (True, True)
+    saver.save(11, functools.partial(_state, 11))
+    assert not saver.due(12) and not saver.clock_due()
+    clock.now += 59
+    assert not saver.clock_due()
+    clock.now += 1
+    assert saver.clock_due()
+    saver.wait()
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "c")] == ["ckpt-000000011.pt"]
+    saver.close()
+
+
+def test_an_agreed_timed_save_at_an_epoch_end_is_that_epochs_checkpoint(tmp_path: Path) -> None:
+    saver = Saver(CheckpointConfig(dir=str(tmp_path / "c"), every_seconds=60), is_main=False,
+                  epochs=100)
+    assert not saver.clock_due()  # only rank 0's clock asks
+    saver.agreed_due()
+    decision = saver.after_step(64, epoch=0, ends_epoch=True)
+    assert (decision.save_now, decision.saved, decision.awaited) == (False, True, True)
+    assert saver.epoch_end_saved(64, epoch=0)
+    saver.close()
+
+
+def test_a_timed_save_agreed_after_an_epoch_ends_waits_for_the_next_step(tmp_path: Path) -> None:
+    # The epoch end's exchange was not awaited: saving there would skip the ranks' check.
+    saver = Saver(CheckpointConfig(dir=str(tmp_path / "c"), every_seconds=60), is_main=True,
+                  epochs=100)
+    assert not saver.after_step(64, epoch=0, ends_epoch=True).saved
+    saver.agreed_due()
+    assert not saver.epoch_end_saved(64, epoch=0)
+    assert saver.after_step(65, epoch=1, ends_epoch=False).save_now
+    saver.close()
+
+
+def test_two_ranks_save_on_rank_0s_clock_at_the_same_steps(tmp_path: Path) -> None:
+    every = 0.1
+    proc = run_cli("run", "--nproc-per-node", "2", "--dataset", "synthetic", "--epochs", "40",
+                   "--metrics-port", "0", "--output-dir", str(tmp_path / "out"),
+                   "--checkpoint-dir", str(tmp_path / "c"), "--set", "checkpoint.keep=100000",
+                   "--set", f"checkpoint.every_seconds={every}", "--set", "train.log_seconds=0",
+                   "--log-every", "1", env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr  # a disagreement would hang or fail a collective
+    summary = read_json(tmp_path / "out" / "summary.json")
+    steps = sorted(int(p.stem.split("-")[1]) for p in checkpoint.list_checkpoints(tmp_path / "c"))
+    assert summary["wall_seconds"] > 5 * every, summary  # time for several timed saves
+    assert steps[-1] == summary["steps"]  # the final save
+    # Timed saves inside training, at most one per interval of rank 0's clock (and the final).
+    assert 2 <= len(steps) <= summary["wall_seconds"] / every + 2, (steps, summary)

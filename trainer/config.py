@@ -239,6 +239,11 @@ class TrainConfig:
     pod's termination grace period (the chart sets it from that)."""
     device: str = field(default="auto", metadata=one_of(DEVICES))
     """`auto` (CUDA when available), `cpu` or `cuda`."""
+    cpu_threads: int = field(default=0, metadata=limits(minimum=0))
+    """Intra-op CPU threads of each rank; 0: `OMP_NUM_THREADS` if set, else the pod's CPU
+    (its limit, else its request, else the cgroup quota, else the cores) divided by the ranks
+    in the pod, at least 1. Logged once by rank 0. More threads than cores spin: 2 one-rank
+    pods of 2 threads each on 2 cores spent 31.7 % of rank 0's time in libgomp."""
 
 
 @dataclass
@@ -247,8 +252,13 @@ class CheckpointConfig:
     """Directory for checkpoints; empty disables checkpointing. A run that finds a valid
     checkpoint here resumes from it."""
     every: int = field(default=0, metadata=limits(minimum=0))
-    """Checkpoint every N optimizer steps instead of at every epoch end (0: at every epoch
-    end). The end of training is always checkpointed."""
+    """Checkpoint every N optimizer steps (0: off). With `every_seconds` also 0, every epoch
+    end is checkpointed. The end of training and a SIGTERM are always checkpointed."""
+    every_seconds: float = field(default=300.0, metadata=limits(minimum=0))
+    """Checkpoint when this long has passed since the last checkpoint, by rank 0's clock,
+    agreed by the ranks within two checks (~2 x `train.log_seconds`); 0: off. A crash loses
+    at most about this much training. A save of the chart's default job costs ~2 ms of CPU
+    and ~23 ms of fsync: every 300 s, under 0.01 % (docs/checkpoints.md)."""
     keep: int = field(default=3, metadata=limits(minimum=1))
     """How many of the newest valid checkpoints (by step) to keep; an invalid one (torn,
     corrupt, not a checkpoint) is moved aside into `corrupt/` in this directory, never counted

@@ -330,7 +330,11 @@ def validate(cfg: JobConfig) -> None:
              "train.stop_check_seconds", "must be > 0", "use e.g. 15")
     _require(t.device in DEVICES, "train.device", f"unknown device {t.device!r}",
              f"use one of {', '.join(DEVICES)}")
-    _require(c.every >= 0, "checkpoint.every", "must be >= 0", "use 0 for epoch ends only")
+    _require(t.cpu_threads >= 0, "train.cpu_threads", "must be >= 0",
+             "use 0 (the pod's CPU shared by its ranks) or a thread count")
+    _require(c.every >= 0, "checkpoint.every", "must be >= 0", "use 0 (off)")
+    _require(math.isfinite(c.every_seconds) and c.every_seconds >= 0, "checkpoint.every_seconds",
+             "must be >= 0", "use e.g. 300, or 0 (off)")
     _require(bool(cfg.output.dir), "output.dir", "is empty (outputs never go to an unnamed "
              "directory)", "name the directory, e.g. --output-dir outputs")
     _require(c.keep >= 1, "checkpoint.keep", "must be >= 1", "keep at least one checkpoint")

@@ -24,6 +24,7 @@ from .chartlib import (
     render,
     run_helm,
     trainer_container,
+    trainjob_pod,
 )
 
 CONFIG_PATH = "/etc/ddp-trainer/config.yaml"
@@ -573,3 +574,31 @@ def test_chart_app_version_is_the_trainer_version_and_image_is_ghcr(helm4: str) 
     assert chart["apiVersion"] == "v2" and chart["kubeVersion"]
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["repository"] == "ghcr.io/ddp-trainer/ddp-trainer"
+
+
+# --- threads ------------------------------------------------------------------------------
+
+
+def cpu_env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e["valueFrom"]["resourceFieldRef"] for e in container["env"]
+            if e["name"].startswith("DDP_TRAINER_CPU_")}
+
+
+def test_the_containers_cpu_limit_and_request_reach_the_ranks_in_millicores(helm4: str) -> None:
+    for pod, template in pod_templates(job_of(helm4)).items():
+        assert cpu_env(trainer_container(template)) == {
+            "DDP_TRAINER_CPU_LIMIT_MILLICORES": {"resource": "limits.cpu", "divisor": "1m"},
+            "DDP_TRAINER_CPU_REQUEST_MILLICORES": {"resource": "requests.cpu", "divisor": "1m"},
+        }, pod
+    pod = trainjob_pod(render(helm4, "trainjob/defaults"))
+    (node,) = [c for c in pod["spec"]["containers"] if c["name"] == "node"]
+    assert set(cpu_env(node)) == {"DDP_TRAINER_CPU_LIMIT_MILLICORES",
+                                  "DDP_TRAINER_CPU_REQUEST_MILLICORES"}
+
+
+def test_an_unset_cpu_limit_is_not_passed_as_the_nodes_cpu(helm4: str) -> None:
+    # The downward API would report the node's allocatable CPU for a missing limit.
+    job = job_of(helm4, sets=("resources.limits.cpu=null",))
+    for template in pod_templates(job).values():
+        assert list(cpu_env(trainer_container(template))) == [
+            "DDP_TRAINER_CPU_REQUEST_MILLICORES"]

@@ -48,20 +48,26 @@ def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
 def test_helm3_install_from_the_chart_folder_runs_to_succeeded(
         cluster: Cluster, tmp_path: Path) -> None:
     ns = cluster.namespace("helm3")
-    release = Release(cluster, release_name(), ns, merged(KEEP_RESULTS, SHORT))
+    # A CPU limit of 1 core per pod: its one rank runs 1 thread (torch's default: the node's 2).
+    release = Release(cluster, release_name(), ns,
+                      merged(KEEP_RESULTS, SHORT, {"resources": {"limits": {"cpu": "1"}}}))
     release.install(str(CHART), binary=HELM3, tmp=tmp_path)
-    finished(release).assert_agrees()
+    found = finished(release)
+    found.assert_agrees()
+    assert "threads: 1 per rank (cpu limit 1 / 1 rank)" in found.done.string
 
 
 def test_two_ranks_per_pod_run_as_world_size_4(
         cluster: Cluster, chart_ref: str, tmp_path: Path, advertised_gpus: None) -> None:
     ns = cluster.namespace("twoperpod")
-    release = Release(cluster, release_name(), ns,
-                      merged(KEEP_RESULTS, SHORT, {"gpusPerReplica": 2}))
+    release = Release(cluster, release_name(), ns, merged(
+        KEEP_RESULTS, SHORT, {"gpusPerReplica": 2, "resources": {"limits": {"cpu": "2"}}}))
     release.install(chart_ref, tmp=tmp_path)
     found = finished(release)
     assert found.summary["world_size"] == 4
     found.assert_agrees()
+    # The pod's 2 cores shared by its 2 ranks (torch's default: 2 threads each).
+    assert "threads: 1 per rank (cpu limit 2 / 2 ranks)" in found.done.string
     master = cluster.get("pod", release.pod("master"), ns)
     assert master["spec"]["containers"][0]["args"][:3] == ["run", "--nproc-per-node", "2"]
 

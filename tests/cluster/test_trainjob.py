@@ -137,12 +137,15 @@ def test_create_runtime_installs_and_upgrades_with_helm(
 def test_two_processes_per_node_run_as_world_size_4(
         cluster: Cluster, chart_ref: str, tmp_path: Path, advertised_gpus: None) -> None:
     ns = cluster.namespace("tjtwo")
-    release = Release(cluster, release_name(), ns,
-                      merged(KEEP_RESULTS, TRAINJOB, SHORT, {"gpusPerReplica": 2}))
+    release = Release(cluster, release_name(), ns, merged(
+        KEEP_RESULTS, TRAINJOB, SHORT,
+        {"gpusPerReplica": 2, "resources": {"limits": {"cpu": "2"}}}))
     release.install(chart_ref, tmp=tmp_path)
     found = finished(release)
     assert found.summary["world_size"] == 4
     found.assert_agrees()
+    # The node's 2-core limit (resourcesPerNode) shared by its 2 processes.
+    assert "threads: 1 per rank (cpu limit 2 / 2 ranks)" in found.done.string
     job = cluster.get("trainjob", release.job, ns)
     assert job["spec"]["trainer"]["numProcPerNode"] == 2
 

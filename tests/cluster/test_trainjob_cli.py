@@ -31,8 +31,8 @@ from tests.cluster.kube import STATE, Cluster, merged
 # 30 short epochs: the suspension comes after the second checkpoint, and the uninterrupted
 # run beside it shares the two cores.
 SUSPENDED: dict[str, Any] = {"trainerConfig": {
-    "train": {"epochs": 30}, "dist": {"timeout_seconds": 60},
-    "metrics": {"linger_seconds": 0}}}
+    "train": {"epochs": 30}, "checkpoint": {"every_seconds": 0},  # epoch-end checkpoints
+    "dist": {"timeout_seconds": 60}, "metrics": {"linger_seconds": 0}}}
 
 
 def trainjob(cluster: Cluster, prefix: str, *layers: dict[str, Any]) -> Release:

@@ -57,6 +57,7 @@ def start_run(port: int, tmp: Path, *extra: str, linger: float = 0) -> subproces
         "--log-every", "5",
         "--output-dir", str(tmp / "out"),
         "--checkpoint-dir", str(tmp / "ckpt"),
+        "--set", "checkpoint.every_seconds=0",  # epoch-end checkpoints: one is seen mid-run
         "--set", f"metrics.linger_seconds={linger}", *extra,
     ]  # fmt: skip
     return subprocess.Popen(

@@ -4,8 +4,9 @@
   every rank resumes from exactly that state. A rank that has the same file (shared storage)
   reads it; if any rank lacks it (the chart's default: one emptyDir per pod, where only rank 0
   writes), rank 0 sends the verified bytes to all.
-* **When to stop, and whether the loss diverged** (:class:`Agreement`): one reduction per check
-  interval carries {SIGTERM seen, loss not finite, slowest step}. It runs asynchronously and
+* **When to stop, whether the loss diverged, when a timed checkpoint is due**
+  (:class:`Agreement`): one reduction per check interval carries {SIGTERM seen, loss not
+  finite, slowest step, rank 0's clock asks for a checkpoint}. It runs asynchronously and
   is read at the next check (so it never stalls a step), except at checkpoints (an epoch end
   that saves one included) and the last step, where it is awaited (so a diverged or preempted
   model is never saved as progress); there it also sums what a checkpoint inside an epoch
@@ -94,6 +95,8 @@ class Verdict:
     """The (highest) rank whose loss was not finite, or None."""
     slowest_step: float = 0.0
     """The slowest rank's mean step duration over the interval, in seconds."""
+    save_due: bool = False
+    """Rank 0's clock asked for a checkpoint (``checkpoint.every_seconds``)."""
     sums: tuple[float, ...] | None = None
     """The `sums` given to an awaited :meth:`Agreement.exchange`, summed over ranks."""
 
@@ -101,11 +104,13 @@ class Verdict:
         ranks = [r for r in (self.diverged_rank, other.diverged_rank) if r is not None]
         return Verdict(self.stop or other.stop, max(ranks) if ranks else None,
                        max(self.slowest_step, other.slowest_step),
+                       self.save_due or other.save_due,
                        other.sums if other.sums is not None else self.sums)
 
 
 class Agreement:
-    """The per-interval {stop, diverged, slowest step} reduction and the check schedule.
+    """The per-interval {stop, diverged, slowest step, save due} reduction and the check
+    schedule.
 
     A collective when distributed: every rank calls :meth:`exchange` at the same steps, which
     :meth:`due` guarantees (its schedule depends only on agreed values).
@@ -129,14 +134,15 @@ class Agreement:
         return step >= self._next
 
     def exchange(self, step: int, diverged: bool, slowest_step: float,
-                 wait: bool, sums: Sequence[float] = ()) -> Verdict:
+                 wait: bool, sums: Sequence[float] = (), save_due: bool = False) -> Verdict:
         """Share this rank's state; return the agreed verdict of the previous exchange, or
-        (with `wait`) of this one too. With `wait`, finite `sums` ride the same reduction and
-        come back summed over ranks in ``Verdict.sums`` (what a checkpoint would otherwise
-        reduce itself: one barrier less, ~1 ms on 2 CPU ranks)."""
+        (with `wait`) of this one too. `save_due`: rank 0's clock asks for a checkpoint (the
+        other ranks give False; a MAX makes it everyone's). With `wait`, finite `sums` ride
+        the same reduction and come back summed over ranks in ``Verdict.sums`` (what a
+        checkpoint would otherwise reduce itself: one barrier less, ~1 ms on 2 CPU ranks)."""
         assert wait or not sums, "sums are only returned by an awaited exchange"
         local = Verdict(self.stop.requested, self.ctx.rank if diverged else None, slowest_step,
-                        tuple(sums) if sums else None)
+                        save_due, tuple(sums) if sums else None)
         if not self.ctx.initialized:
             verdict = local
         else:
@@ -145,7 +151,8 @@ class Agreement:
             k, rank, world = len(sums), self.ctx.rank, self.ctx.world_size
             slots = [-math.inf] * (k * rank) + list(sums) + [-math.inf] * (k * (world - 1 - rank))
             flag = torch.tensor([float(local.stop), _encode(local.diverged_rank), slowest_step,
-                                 *slots], dtype=torch.float64, device=self.ctx.device)
+                                 float(save_due), *slots], dtype=torch.float64,
+                                device=self.ctx.device)
             with collective("the stop/divergence agreement", self.timeout_seconds):
                 work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
             self._inflight = (flag, work, k)
@@ -165,9 +172,10 @@ class Agreement:
         self._inflight = None
         with collective("the stop/divergence agreement", self.timeout_seconds):
             work.wait()
-        stop, code, slowest, *slots = flag.tolist()
+        stop, code, slowest, save_due, *slots = flag.tolist()
         sums = tuple(math.fsum(slots[i::k]) for i in range(k)) if k else None
-        return Verdict(bool(stop), int(code) - 1 if code > 0 else None, float(slowest), sums)
+        return Verdict(bool(stop), int(code) - 1 if code > 0 else None, float(slowest),
+                       bool(save_due), sums)
 
     def _schedule(self, step: int, slowest_step: float) -> None:
         # The reduction is read one check later, so a request waits at most two intervals.

@@ -74,9 +74,12 @@ class Policies:
         carry = decision.awaited and not decision.ends_epoch
         verdict = self.agreement.exchange(
             p.step, self._diverged_value is not None, mean_step, wait=decision.awaited,
-            sums=(p.epoch_loss_sum, float(p.epoch_loss_count)) if carry else ())
+            sums=(p.epoch_loss_sum, float(p.epoch_loss_count)) if carry else (),
+            save_due=self.saver.clock_due())
         if verdict.sums is not None:
             self._reduced_epoch_loss = (p.step, verdict.sums)
+        if verdict.save_due:
+            self.saver.agreed_due()
         self._act(verdict, position, save)
 
     def _act(self, verdict: Verdict, position: int, save: SaveFn) -> None:

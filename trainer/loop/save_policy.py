@@ -1,14 +1,18 @@
 """When progress is saved, and where, and when training ends: the save policy of the loop.
 
-Every rank evaluates the same policy at the same steps (it depends only on the step count and
-the config), so the ranks agree on where to save without talking; the save itself is
-collective in the Trainer (the epoch's loss sums are reduced), and rank 0 alone writes, on a
-background thread (:class:`trainer.components.checkpoint.AsyncWriter`).
+Every rank evaluates the same policy at the same steps: it depends on the step count, the
+config and, for ``checkpoint.every_seconds``, on rank 0's clock as the ranks' agreement carries
+it (rank 0 asks at a check, every rank reads the answer at the next one and saves at the step
+after: :meth:`Saver.clock_due`, :meth:`Saver.agreed_due`), so the ranks agree on where to save
+without talking more; the save itself is collective in the Trainer (the epoch's loss sums are
+reduced), and rank 0 alone writes, on a background thread
+(:class:`trainer.components.checkpoint.AsyncWriter`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +46,10 @@ class Decision:
 
 
 class Saver:
-    """``checkpoint.every`` steps, or every epoch end when it is 0; always the end of
-    training (as Lightning's every_n_train_steps and Hugging Face's save_strategy="steps"
-    replace epoch-end saves). Training ends after `epochs` epochs or `max_steps` steps
-    (0: no limit), whichever comes first."""
+    """Every ``checkpoint.every`` steps and ``checkpoint.every_seconds``, or every epoch end
+    when both are 0; always the end of training (as Lightning's every_n_train_steps and
+    Hugging Face's save_strategy="steps" replace epoch-end saves). Training ends after
+    `epochs` epochs or `max_steps` steps (0: no limit), whichever comes first."""
 
     def __init__(self, cfg: CheckpointConfig, is_main: bool, *, epochs: int = 1,
                  max_steps: int = 0) -> None:
@@ -58,9 +62,18 @@ class Saver:
             # of training, when the Trainer is used without the runner.
             checkpoint.check_writable(self.directory)
         self.every = cfg.every
+        self.every_seconds = cfg.every_seconds
         self.keep = cfg.keep
         self.is_main = is_main
         self.writer = checkpoint.AsyncWriter()
+        self._last_save = time.monotonic()
+        """Rank 0's clock at the last save (or the start)."""
+        self._asked = False
+        """Rank 0 asked for a timed save that has not happened yet."""
+        self._agreed = False
+        """The ranks agreed on a timed save: the next step saves."""
+        self._epoch_end: tuple[int, bool] | None = None
+        """(step, saved) decided by after_step for an epoch ending at that step."""
 
     def done(self, step: int) -> bool:
         """`max_steps` is reached."""
@@ -71,27 +84,49 @@ class Saver:
         return self.done(step) or (ends_epoch and epoch + 1 >= self.epochs)
 
     def epoch_end_saved(self, step: int, epoch: int) -> bool:
-        """Whether `epoch`, ending at `step`, is checkpointed."""
+        """Whether `epoch`, ending at `step`, is checkpointed: as :meth:`after_step` decided
+        at that step (a timed save agreed later waits for the next step: the ranks' agreement
+        was awaited only where a save was decided)."""
+        if self._epoch_end is not None and self._epoch_end[0] == step:
+            return self._epoch_end[1]
         return self.at_epoch_end(step, self.final(step, epoch, ends_epoch=True))
 
     def after_step(self, step: int, epoch: int, ends_epoch: bool) -> Decision:
         save_now = not ends_epoch and self.due(step)
         final = self.final(step, epoch, ends_epoch)
         saved = save_now or (ends_epoch and self.at_epoch_end(step, final))
+        if ends_epoch:
+            self._epoch_end = (step, saved)
         return Decision(ends_epoch, save_now, saved, final)
 
     def due(self, step: int) -> bool:
-        """A step checkpoint falls due at `step`."""
-        return self.directory is not None and self.every > 0 and step % self.every == 0
+        """A step checkpoint falls due at `step` (by steps, or a timed save agreed)."""
+        return self.directory is not None and (
+            self._agreed or (self.every > 0 and step % self.every == 0))
 
     def at_epoch_end(self, step: int, final: bool) -> bool:
         """Whether an epoch ending at `step` is saved (`final`: training ends with it)."""
         if self.directory is None:
             return False
-        return self.every == 0 or step % self.every == 0 or final
+        return (self.every == 0 and self.every_seconds == 0) or final or self.due(step)
+
+    def clock_due(self) -> bool:
+        """Rank 0 asks for a timed save (what it gives the ranks' next check); once, until
+        the save happens."""
+        if not self.is_main or self.directory is None or self.every_seconds <= 0 or \
+                self._asked or time.monotonic() - self._last_save < self.every_seconds:
+            return False
+        self._asked = True
+        return True
+
+    def agreed_due(self) -> None:
+        """The ranks agreed on a timed save (rank 0 asked): it happens at the next step."""
+        self._agreed = True
 
     def save(self, step: int, state: Callable[[], dict[str, Any]]) -> Path | None:
         """Write the `state()` of `step` on rank 0 (the others build nothing); its path."""
+        self._agreed = self._asked = False
+        self._last_save = time.monotonic()
         if self.directory is None or not self.is_main:
             return None
         path = self.writer.submit(self.directory, step, state(), self.keep)

@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
+from trainer.distributed import threads
 from trainer.errors import USER_CODE_EXIT, TrainerError, UserCodeError, first_line
 from trainer.ranks import usercode
 
@@ -187,8 +188,8 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
     argv = [*_launcher_argv(nproc, max_restarts, timeout_seconds), "--module", "trainer",
             *rank_argv]
     args = parse_args(argv)  # type: ignore[no-untyped-call]
-    # Share the cores instead of oversubscribing them (torchrun would force 1 thread and warn).
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # Share the pod's CPU instead of oversubscribing it (torchrun would force 1 thread and warn).
+    threads.for_launcher(nproc)
     config, cmd, cmd_args = config_from_args(args)
     os.environ.update(env)
     # SIGTERM (pod eviction) goes to the agent; it forwards it to the ranks, which checkpoint

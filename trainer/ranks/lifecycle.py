@@ -13,6 +13,7 @@ from torch import nn
 from trainer.build import Workload, build_workload, preflight
 from trainer.components.steps import StepFn
 from trainer.config import JobConfig
+from trainer.distributed import threads
 from trainer.distributed.agreement import collective
 from trainer.distributed.bootstrap import DistContext, join, plan_context, teardown
 from trainer.errors import AgreedStop, RankLost, TrainerError
@@ -58,6 +59,7 @@ def rank_life(cfg: JobConfig) -> Iterator[Rank]:
     exit when it is broken (a lost rank, the user's code raised)."""
     closing = contextlib.ExitStack()
     rank = Rank(cfg, plan_context(cfg.dist, cfg.train.device), closing)
+    threads.apply(cfg.train.cpu_threads, announce=rank.ctx.rank == 0)  # before its first op
     broken = False
     try:
         with closing:

@@ -70,7 +70,13 @@ pkg/runtime/framework/plugins/torch/torch.go:145-166).
 {{- end }}
 {{- end }}
 
+{{/*
+The container's environment. Its CPU limit and request, in millicores, size each rank's
+threads (trainer/distributed/threads.py); passed only when set, as the downward API reports
+the node's allocatable CPU for a missing limit.
+*/}}
 {{- define "ddp-trainer.env" -}}
+{{- $resources := default dict .Values.resources }}
 - name: HOME
   value: /tmp
 - name: XDG_CACHE_HOME
@@ -83,6 +89,15 @@ pkg/runtime/framework/plugins/torch/torch.go:145-166).
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+{{- range $kind, $name := dict "limits" "DDP_TRAINER_CPU_LIMIT_MILLICORES" "requests" "DDP_TRAINER_CPU_REQUEST_MILLICORES" }}
+{{- if dig $kind "cpu" "" $resources }}
+- name: {{ $name }}
+  valueFrom:
+    resourceFieldRef:
+      resource: {{ $kind }}.cpu
+      divisor: 1m
+{{- end }}
+{{- end }}
 {{- with .Values.env }}
 {{ toYaml . }}
 {{- end }}

@@ -1,0 +1,148 @@
+"""Each rank runs its share of the pod's CPU in threads (trainer/distributed/threads.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+from trainer.distributed import threads
+from trainer.distributed.threads import LAUNCHER_ENV, LIMIT_ENV, REQUEST_ENV, decide
+from trainer.errors import ConfigError
+
+TINY = ["--dataset", "synthetic", "--epochs", "1", "--metrics-port", "0"]
+
+
+def cgroup_v2(tmp_path: Path, line: str) -> Path:
+    (tmp_path / "cpu.max").write_text(line + "\n")
+    return tmp_path
+
+
+def cgroup_v1(tmp_path: Path, quota_us: int, period_us: int) -> Path:
+    folder = tmp_path / "cpu,cpuacct"
+    folder.mkdir()
+    (folder / "cpu.cfs_quota_us").write_text(f"{quota_us}\n")
+    (folder / "cpu.cfs_period_us").write_text(f"{period_us}\n")
+    return tmp_path
+
+
+def test_the_configured_count_wins_over_omp_num_threads_and_the_pod(tmp_path: Path) -> None:
+    env = {"OMP_NUM_THREADS": "3", LIMIT_ENV: "8000"}
+    assert decide(5, 2, env, cgroup_v2(tmp_path, "400000 100000")) == threads.Threads(
+        5, "train.cpu_threads=5")
+
+
+def test_a_users_omp_num_threads_wins_over_the_pods_cpu(tmp_path: Path) -> None:
+    got = decide(0, 2, {"OMP_NUM_THREADS": "3", LIMIT_ENV: "8000"}, tmp_path)
+    assert got == threads.Threads(3, "OMP_NUM_THREADS=3")
+
+
+def test_the_launchers_omp_num_threads_is_decided_again_from_the_pod(tmp_path: Path) -> None:
+    env = {"OMP_NUM_THREADS": "7", LAUNCHER_ENV: "1", LIMIT_ENV: "4000"}
+    assert decide(0, 2, env, tmp_path) == threads.Threads(2, "cpu limit 4 / 2 ranks")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_a_malformed_omp_num_threads_is_a_config_error_naming_it(tmp_path: Path,
+                                                                 value: str) -> None:
+    with pytest.raises(ConfigError, match=f"OMP_NUM_THREADS='{value}'"):
+        decide(0, 1, {"OMP_NUM_THREADS": value}, tmp_path)
+
+
+def test_the_cpu_limit_is_shared_by_the_ranks_of_the_pod(tmp_path: Path) -> None:
+    env = {LIMIT_ENV: "2000", REQUEST_ENV: "500"}
+    assert decide(0, 2, env, cgroup_v2(tmp_path, "800000 100000")) == threads.Threads(
+        1, "cpu limit 2 / 2 ranks")
+
+
+def test_the_cpu_request_counts_when_there_is_no_limit(tmp_path: Path) -> None:
+    assert decide(0, 1, {REQUEST_ENV: "3500"}, tmp_path) == threads.Threads(
+        3, "cpu request 3.5 / 1 rank")
+
+
+def test_a_share_under_one_core_still_runs_one_thread(tmp_path: Path) -> None:
+    assert decide(0, 4, {LIMIT_ENV: "500"}, tmp_path).count == 1
+
+
+def test_the_cgroup_v2_quota_counts_without_the_charts_variables(tmp_path: Path) -> None:
+    assert decide(0, 2, {}, cgroup_v2(tmp_path, "600000 100000")) == threads.Threads(
+        3, "cgroup cpu quota 6 / 2 ranks")
+
+
+def test_the_cgroup_v1_quota_counts_where_there_is_no_v2_file(tmp_path: Path) -> None:
+    assert decide(0, 1, {}, cgroup_v1(tmp_path, 150000, 100000)) == threads.Threads(
+        1, "cgroup cpu quota 1.5 / 1 rank")
+
+
+@pytest.mark.parametrize("make", [lambda p: cgroup_v2(p, "max 100000"),
+                                  lambda p: cgroup_v1(p, -1, 100000), lambda p: p])
+def test_without_a_quota_the_cores_this_process_may_use_count(
+        tmp_path: Path, make: Callable[[Path], Path]) -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert decide(0, 1, {}, make(tmp_path)) == threads.Threads(cores, f"cores {cores} / 1 rank")
+
+
+def test_apply_sets_torchs_threads_from_local_world_size(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    before = torch.get_num_threads()
+    for name in ("OMP_NUM_THREADS", LAUNCHER_ENV, REQUEST_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(LIMIT_ENV, "6000")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    try:
+        with caplog.at_level("INFO", logger="trainer.distributed.threads"):
+            threads.apply(0, announce=True)
+        assert torch.get_num_threads() == 2
+        assert caplog.messages == ["threads: 2 per rank (cpu limit 6 / 3 ranks)"]
+    finally:
+        torch.set_num_threads(before)
+
+
+def thread_lines(text: str) -> list[str]:
+    return re.findall(r"threads: .*", text)
+
+
+def test_train_alone_runs_the_pods_cpu_limit_in_threads(tmp_path: Path) -> None:
+    proc = run_cli("train", *TINY, "--output-dir", str(tmp_path),
+                   env={LIMIT_ENV: "1000", "OMP_NUM_THREADS": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert thread_lines(proc.stderr) == ["threads: 1 per rank (cpu limit 1 / 1 rank)"]
+
+
+def test_train_alone_honours_the_configured_count(tmp_path: Path) -> None:
+    proc = run_cli("train", *TINY, "--output-dir", str(tmp_path), "--set",
+                   "train.cpu_threads=3", env={LIMIT_ENV: "1000", "OMP_NUM_THREADS": "2"})
+    assert proc.returncode == 0, proc.stderr
+    assert thread_lines(proc.stderr) == ["threads: 3 per rank (train.cpu_threads=3)"]
+
+
+def test_run_shares_the_pods_cpu_limit_between_its_ranks(tmp_path: Path) -> None:
+    proc = run_cli("run", "--nproc-per-node", "2", *TINY, "--output-dir", str(tmp_path),
+                   env={LIMIT_ENV: "4000", "OMP_NUM_THREADS": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert thread_lines(proc.stderr) == ["threads: 2 per rank (cpu limit 4 / 2 ranks)"]
+
+
+def test_run_keeps_a_users_omp_num_threads(tmp_path: Path) -> None:
+    proc = run_cli("run", "--nproc-per-node", "2", *TINY, "--output-dir", str(tmp_path),
+                   env={LIMIT_ENV: "4000", "OMP_NUM_THREADS": "3"})
+    assert proc.returncode == 0, proc.stderr
+    assert thread_lines(proc.stderr) == ["threads: 3 per rank (OMP_NUM_THREADS=3)"]
+
+
+def test_run_gives_a_user_script_its_share_too(tmp_path: Path) -> None:
+    script = tmp_path / "show.py"
+    script.write_text("import os, torch\n"
+                      "print('rank', os.environ['RANK'], os.environ['OMP_NUM_THREADS'],\n"
+                      "      torch.get_num_threads(), flush=True)\n")
+    proc = run_cli("run", "--nproc-per-node", "2", "--metrics-port", "0", str(script),
+                   env={LIMIT_ENV: "4000", "OMP_NUM_THREADS": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(re.findall(r"rank (\d) (\d+) (\d+)", proc.stdout)) == [
+        ("0", "2", "2"), ("1", "2", "2")], proc.stdout
