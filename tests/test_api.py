@@ -15,15 +15,16 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 import trainer
-from trainer.build import TrainParts, build_trainer
+from trainer.build import build_trainer
 from trainer.components import checkpoint
 from trainer.components.steps import ClassificationStep, StepOutput
 from trainer.config import JobConfig
 from trainer.data import IndexView, InMemoryDataset
 from trainer.data.loaders import build_train_sampler, eval_loader, train_loader
-from trainer.distributed.bootstrap import DistContext
 from trainer.errors import ConfigError
+from trainer.loop.parts import TrainParts
 from trainer.metrics import NullSink
+from trainer.placement import DistContext
 
 
 def _blobs(n: int, seed: int) -> InMemoryDataset:

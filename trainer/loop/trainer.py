@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,14 +20,12 @@ from trainer.components.steps import as_output
 from trainer.components.tree import batch_len, to_device
 from trainer.config import CONFIG_VERSION, JobConfig
 from trainer.distributed.agreement import Resumed, collective
-from trainer.distributed.bootstrap import DistContext
 from trainer.loop.global_batch import plan_batches
 from trainer.loop.interval_stats import Interval
+from trainer.loop.parts import LoopParts, TrainParts
+from trainer.loop.resume_check import load_checked, training_state
 from trainer.loop.state import TrainingState
-from trainer.ranks.resume_check import load_checked, training_state
-
-if TYPE_CHECKING:
-    from trainer.build import LoopParts, TrainParts
+from trainer.placement import DistContext
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from trainer.config import JobConfig, saved_config
 from trainer.config_load import merge, validate
 from trainer.data.loaders import eval_loader, worker_options
 from trainer.distributed.agreement import agree_resume, collective
-from trainer.distributed.bootstrap import DistContext
 from trainer.distributed.preemption import StopFlag, linger
 from trainer.errors import CheckpointError, ConfigError, DataError
+from trainer.loop.resume_check import training_state
 from trainer.metrics import RunInfo, build_metrics
+from trainer.placement import DistContext
 from trainer.ranks.lifecycle import rank_life
 from trainer.ranks.outputs import write_json
-from trainer.ranks.resume_check import training_state
 
 log = logging.getLogger(__name__)
 
