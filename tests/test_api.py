@@ -285,8 +285,8 @@ def test_loaders_with_workers_start_only_when_no_checkpoint_write_runs(
     t = build_trainer(cfg, ctx, parts, NullSink())
     seen: list[bool | str] = []
     train_loader = parts.train_loader
-    parts.train_loader = lambda micro: _WorkerLoader(train_loader(micro), t.saver.writer, seen)
-    parts.val_loader = _WorkerLoader(parts.val_loader, t.saver.writer, seen)  # type: ignore[assignment]
+    parts.train_loader = lambda micro: _WorkerLoader(train_loader(micro), t.loop.saver.writer, seen)
+    parts.val_loader = _WorkerLoader(parts.val_loader, t.loop.saver.writer, seen)  # type: ignore[assignment]
     summary = t.train()
     assert summary["epochs"] == 3 and len(checkpoint.list_checkpoints(tmp_path / "c")) == 3
     # 3 epochs and 3 validations, never beside a write; then both loaders' workers stopped

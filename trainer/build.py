@@ -166,7 +166,6 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
         wrapped=wrapped,
         optimizer=build_optimizer(cfg.optim, model),
         schedule=Schedule(cfg.optim, total_steps=0),
-        precision=Precision(t.precision, ctx.device),
         step=workload.step,
         train_set=splits.train,
         sampler=sampler,
@@ -190,7 +189,7 @@ def build_loop(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: Met
     progress = Progress()
     return LoopParts(
         plan=BatchPlan(t.batch_size, t.grad_accum_steps, ctx.world_size),
-        precision=parts.precision or Precision("fp32", ctx.device),
+        precision=Precision(t.precision, ctx.device),
         progress=progress, saver=saver, agreement=agreement, reporter=reporter,
         policies=Policies(progress, saver, agreement, reporter, Interval(ctx.device),
                           parts.optimizer, ctx.rank),

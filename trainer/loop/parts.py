@@ -50,8 +50,6 @@ class TrainParts:
     schedule: Schedule | None = None
     """Learning rate per optimizer step (its total is set by the Trainer once planned); None
     leaves the optimizer's learning rate alone."""
-    precision: Precision | None = None
-    """None: fp32."""
 
 
 @dataclass
@@ -62,6 +60,7 @@ class LoopParts:
     plan: BatchPlan
     """Per-rank micro-batch and accumulation as configured (a resume may replan them)."""
     precision: Precision
+    """fp32, bf16 autocast or fp16 with its loss scaler (train.precision); checkpointed."""
     progress: Progress
     """The run's counters (restored on a resume), shared with `policies`."""
     saver: Saver

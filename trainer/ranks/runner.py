@@ -86,7 +86,7 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         ctx = rank.join()
         trainer = build_trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
                                 workload.objects)
-        rank.close_at_exit(trainer.saver.close)
+        rank.close_at_exit(trainer.loop.saver.close)
         resumed = agree_resume(directory, ctx, cfg.dist.timeout_seconds)
         if resumed is not None:
             trainer.resume(resumed)
