@@ -9,6 +9,7 @@ each one, then does what each needs once it runs; `down` stops them in the rever
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import time
@@ -72,7 +73,7 @@ def start_all(paths: Paths, wanted: list[components.Component]) -> None:
     for component in wanted:
         started = time.monotonic()
         pid, fresh = procs.start(paths, component.name, component.argv, component.env)
-        procs.wait_for(lambda c=component: components.ready(paths, c), component.timeout,
+        procs.wait_for(functools.partial(components.ready, paths, component), component.timeout,
                        f"{component.name} (pid {pid}) ready", paths.logs / f"{component.name}.log",
                        alive=procs.alive(paths, component.name))
         log(f"{component.name} {'started' if fresh else 'already running'} "
