@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-# The torch the tests run with (tests/e2e/harness/wheels.py reads this line too). PyPI's Linux
+# The torch the tests run with (tools/imagebuild/wheels.py reads this line too). PyPI's Linux
 # build of it is the CUDA one (~3.5 GB with its nvidia wheels); where ../shared/wheels holds the
 # CPU wheel (this project's machines), pip is given it as a find-links source: its local version
 # `2.13.0+cpu` sorts above `2.13.0`, so pip takes it. Elsewhere PyPI's build is the right one.
@@ -57,10 +57,10 @@ cluster-tools: e2e-tools
 	bash tools/install-cluster.sh
 
 cluster-up: venv cluster-tools
-	$(PY) tools/cluster/cluster.py up
+	$(PY) -m tools.cluster up
 
 cluster-down:
-	$$(test -x $(PY) && echo $(PY) || echo $(PYTHON)) tools/cluster/cluster.py down
+	$$(test -x $(PY) && echo $(PY) || echo $(PYTHON)) -m tools.cluster down
 
 run: $(VENV)/.installed-run
 	$(VENV)/bin/ddp-trainer run --nproc-per-node $(NPROC) --dataset digits --output-dir outputs \
@@ -87,7 +87,7 @@ e2e: venv tools e2e-tools
 lint: venv
 	$(VENV)/bin/ruff check trainer tests benchmarks examples tools
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --strict --explicit-package-bases tests/e2e/harness
+	$(VENV)/bin/mypy --strict --explicit-package-bases tools/imagebuild
 	$(VENV)/bin/hadolint Dockerfile
 
 # The documentation site (mkdocs.yml): README.md is its home page, docs/*.md the reference.

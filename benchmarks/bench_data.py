@@ -134,7 +134,7 @@ def first_batch_seconds(root: Path) -> float:
     code = (
         "import time, torch\n"
         "from trainer.config import DataConfig\nfrom trainer.data import build_splits\n"
-        "from trainer.distributed.bootstrap import DistContext\n"
+        "from trainer.placement import DistContext\n"
         "from trainer.data.loaders import build_train_sampler, train_loader\n"
         "ctx = DistContext(0, 2, 0, 2, torch.device('cpu'), 'gloo', False)\n"
         "t = time.perf_counter()\n"
@@ -275,7 +275,7 @@ def bench_images(work: Path, count: int, size: int = 224, batch: int = 64) -> No
     from trainer.config import DataConfig
     from trainer.data import build_splits
     from trainer.data.loaders import WorkerOptions, build_train_sampler, train_loader
-    from trainer.distributed.bootstrap import DistContext
+    from trainer.placement import DistContext
 
     root = write_images(work / f"images-{count}", count)
     ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)

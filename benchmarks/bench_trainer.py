@@ -126,7 +126,7 @@ def bare_loop(name: str, fetch: str) -> float:
     from trainer.config import DataConfig, ModelConfig, OptimConfig
     from trainer.data import build_splits
     from trainer.data.loaders import build_train_sampler, eval_loader, train_loader
-    from trainer.distributed.bootstrap import DistContext
+    from trainer.placement import DistContext
 
     w = WORKLOADS[name]
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -236,8 +236,8 @@ def _checks_every(log_every: int, step_seconds: float, log_seconds: float) -> in
     import torch
 
     from trainer.distributed.agreement import Agreement
-    from trainer.distributed.bootstrap import DistContext
     from trainer.distributed.preemption import StopFlag
+    from trainer.placement import DistContext
 
     ctx = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
     agreement = Agreement(ctx, StopFlag(), log_every, 15.0, 600.0, min_seconds=log_seconds)
@@ -258,8 +258,8 @@ def _exchange_with_sums(rank: int, world: int, port: int, out: dict) -> None:  #
     import torch.distributed as dist
 
     from trainer.distributed.agreement import Agreement
-    from trainer.distributed.bootstrap import DistContext
     from trainer.distributed.preemption import StopFlag
+    from trainer.placement import DistContext
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -292,7 +292,8 @@ def _leave_before_the_final_barrier(rank: int, world: int, port: int, out: dict)
     import torch
     import torch.distributed as dist
 
-    from trainer.distributed.bootstrap import DistContext, teardown
+    from trainer.distributed.bootstrap import teardown
+    from trainer.placement import DistContext
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

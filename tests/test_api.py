@@ -15,15 +15,16 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 import trainer
-from trainer.build import TrainParts, build_trainer
+from trainer.build import build_trainer
 from trainer.components import checkpoint
 from trainer.components.steps import ClassificationStep, StepOutput
 from trainer.config import JobConfig
 from trainer.data import IndexView, InMemoryDataset
 from trainer.data.loaders import build_train_sampler, eval_loader, train_loader
-from trainer.distributed.bootstrap import DistContext
 from trainer.errors import ConfigError
+from trainer.loop.parts import TrainParts
 from trainer.metrics import NullSink
+from trainer.placement import DistContext
 
 
 def _blobs(n: int, seed: int) -> InMemoryDataset:
@@ -286,8 +287,8 @@ def test_loaders_with_workers_start_only_when_no_checkpoint_write_runs(
     t = build_trainer(cfg, ctx, parts, NullSink())
     seen: list[bool | str] = []
     train_loader = parts.train_loader
-    parts.train_loader = lambda micro: _WorkerLoader(train_loader(micro), t.saver.writer, seen)
-    parts.val_loader = _WorkerLoader(parts.val_loader, t.saver.writer, seen)  # type: ignore[assignment]
+    parts.train_loader = lambda micro: _WorkerLoader(train_loader(micro), t.loop.saver.writer, seen)
+    parts.val_loader = _WorkerLoader(parts.val_loader, t.loop.saver.writer, seen)  # type: ignore[assignment]
     summary = t.train()
     assert summary["epochs"] == 3 and len(checkpoint.list_checkpoints(tmp_path / "c")) == 3
     # 3 epochs and 3 validations, never beside a write; then both loaders' workers stopped

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from trainer.config import JobConfig
-from trainer.distributed.bootstrap import DistContext
 from trainer.errors import ConfigError, Preempted, RankLost
+from trainer.placement import DistContext
 from trainer.ranks import lifecycle
 
 

@@ -14,7 +14,7 @@ from conftest import free_port, read_json, run_cli
 from trainer.components import checkpoint
 from trainer.data import InMemoryDataset
 from trainer.data.loaders import build_train_sampler, train_loader
-from trainer.distributed.bootstrap import DistContext
+from trainer.placement import DistContext
 
 
 def test_make_run_recipe_reaches_ninety_percent_on_digits(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from trainer import plugins
 from trainer.distributed.agreement import Collective
 from trainer.errors import USER_CODE_EXIT
 from trainer.ranks.launcher import exit_code_of
-from trainer.ranks.usercode import describe, user_frame
+from trainer.usercode import describe, user_frame
 
 HERE = str(Path(__file__).resolve())
 

@@ -5,7 +5,8 @@
 #   OCI registry), busybox-static (local-path-provisioner's helper image), openssl (the
 #   cluster's certificates), iproute2. podman comes from tools/install-podman.sh; the
 #   Kubernetes components, etcd, CoreDNS and local-path-provisioner are built from their Go
-#   modules by tools/cluster/builds.py, with the machine's Go (>= the go.mod files' version).
+#   modules by tools/cluster/builds.py (`python -m tools.cluster build`), with the machine's Go
+#   (>= the go.mod files' version).
 # Idempotent: does nothing when every command is already there.
 set -euo pipefail
 

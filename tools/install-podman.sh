@@ -9,7 +9,7 @@
 # Idempotent: does nothing when every command is already on PATH. Installs the Debian packages
 # when run as root; otherwise exits non-zero with one line saying how to install them.
 # Nothing of the machine's own configuration is changed: the project's settings live in
-# tools/e2e/containers.conf, which the harness passes through CONTAINERS_CONF.
+# tools/imagebuild/containers.conf, which the harness passes through CONTAINERS_CONF.
 set -euo pipefail
 
 have() { command -v "$1" >/dev/null 2>&1; }

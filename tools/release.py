@@ -2,7 +2,7 @@
 OCI registry, the path a user's CI takes.
 
 - The image: the checkout's Dockerfile built with podman (the CPU variant, air-gapped, on a
-  debootstrapped base: tests/e2e/harness/image.py; no other registry can be pulled here),
+  debootstrapped base: tools/imagebuild/image.py; no other registry can be pulled here),
   pushed as `REGISTRY/ddp-trainer:<version>`, the tag the chart's appVersion names;
 - the chart: `helm package` + `helm push` to `oci://REGISTRY/charts`.
 
@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "ddp-trainer"
 HELM = REPO / ".tools" / "bin" / "helm"
 sys.path.insert(0, str(REPO))
-from tests.e2e.harness.image import trainer_image  # noqa: E402
-from tests.e2e.harness.podman import Podman, PodmanError  # noqa: E402
+from tools.imagebuild.image import trainer_image  # noqa: E402
+from tools.imagebuild.podman import Podman, PodmanError  # noqa: E402
 
 
 class ReleaseError(RuntimeError):

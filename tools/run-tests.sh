@@ -15,7 +15,7 @@ export PATH="$PWD/.tools/bin:$PATH"
 mkdir -p .cache
 up_log=.cache/cluster-up.log
 
-"$PY" tools/cluster/cluster.py up >"$up_log" 2>&1 &
+"$PY" -m tools.cluster up >"$up_log" 2>&1 &
 up=$!
 status=0
 "$PY" -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=tests/cluster || status=$?
@@ -27,5 +27,5 @@ else
     echo "run-tests: the cluster did not come up (its log above); tests/cluster not run" >&2
     status=1
 fi
-"$PY" tools/cluster/cluster.py down
+"$PY" -m tools.cluster down
 exit "$status"

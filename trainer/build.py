@@ -36,25 +36,26 @@ from trainer.components.precision import Precision
 from trainer.components.steps import StepFn
 from trainer.components.tree import to_device
 from trainer.config import JobConfig
-from trainer.data import DataSplits, IndexView
+from trainer.data import DataSplits
 from trainer.data.loaders import (
-    TrainSampler,
     build_train_sampler,
     eval_loader,
     train_loader,
     worker_options,
 )
 from trainer.distributed.agreement import Agreement, Collective
-from trainer.distributed.bootstrap import DistContext, is_distributed
+from trainer.distributed.bootstrap import is_distributed
 from trainer.distributed.preemption import StopFlag
 from trainer.errors import ConfigError
 from trainer.loop.global_batch import BatchPlan
 from trainer.loop.interval_stats import Interval
+from trainer.loop.parts import LoopParts, TrainParts
 from trainer.loop.policies import Policies
 from trainer.loop.reporting import MetricsLogger, Reporter
 from trainer.loop.save_policy import Saver
 from trainer.loop.state import Progress
 from trainer.loop.trainer import Trainer
+from trainer.placement import DistContext
 
 log = logging.getLogger(__name__)
 
@@ -120,33 +121,6 @@ def preflight(workload: Workload, device: torch.device, batch_size: int) -> None
         steps.preflight(workload.step, workload.model, batch, workload.splits.num_classes)
 
 
-@dataclass
-class TrainParts:
-    """Everything the Trainer loops over; built by :func:`build_parts`."""
-
-    model: nn.Module
-    """The unwrapped module on the device: what is checkpointed and evaluated."""
-    wrapped: nn.Module
-    """What training calls: DistributedDataParallel (or DataParallel) around `model`."""
-    optimizer: torch.optim.Optimizer
-    step: StepFn
-    train_set: IndexView
-    sampler: TrainSampler
-    train_loader: Callable[[int], DataLoader[Any]]
-    """Micro-batch size -> the training loader over `sampler` (the micro-batch is known only
-    after a resume, which may change the world size)."""
-    val_loader: DataLoader[Any]
-    val_valid: int
-    """Real (non-padding) validation samples of this rank."""
-    num_classes: int | None
-    class_names: tuple[str, ...] | None = None
-    schedule: Schedule | None = None
-    """Learning rate per optimizer step (its total is set by the Trainer once planned); None
-    leaves the optimizer's learning rate alone."""
-    precision: Precision | None = None
-    """None: fp32."""
-
-
 def check_strategy(strategy: str, ctx: DistContext) -> None:
     """DataParallel runs in one process: refuse it in a distributed job (checked before the
     rendezvous, see :mod:`trainer.ranks.runner`)."""
@@ -192,7 +166,6 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
         wrapped=wrapped,
         optimizer=build_optimizer(cfg.optim, model),
         schedule=Schedule(cfg.optim, total_steps=0),
-        precision=Precision(t.precision, ctx.device),
         step=workload.step,
         train_set=splits.train,
         sampler=sampler,
@@ -202,32 +175,6 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
         num_classes=splits.num_classes,
         class_names=splits.class_names,
     )
-
-
-@dataclass
-class LoopParts:
-    """What the Trainer's loop talks to besides the model and the data; built by
-    :func:`build_loop`."""
-
-    plan: BatchPlan
-    """Per-rank micro-batch and accumulation as configured (a resume may replan them)."""
-    precision: Precision
-    progress: Progress
-    """The run's counters (restored on a resume), shared with `policies`."""
-    saver: Saver
-    """When progress is saved, when training ends, and the writes."""
-    agreement: Agreement
-    """Decides with the other ranks when to stop (SIGTERM, a diverged loss)."""
-    reporter: Reporter
-    policies: Policies
-    """Applied after every optimizer step (log, agree, save)."""
-    zero_grad: Callable[[], None]
-    ddp: DistributedDataParallel | None
-    """The DDP module inside the wrapped model, or None: micro-batches before the last of
-    an accumulation run under its no_sync()."""
-    grad_comm: contextlib.AbstractContextManager[None]
-    """Entered around each gradient all-reduce: a DDP backward talks to every rank, so its
-    failure is a lost rank."""
 
 
 def build_loop(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: MetricsLogger,
@@ -242,7 +189,7 @@ def build_loop(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: Met
     progress = Progress()
     return LoopParts(
         plan=BatchPlan(t.batch_size, t.grad_accum_steps, ctx.world_size),
-        precision=parts.precision or Precision("fp32", ctx.device),
+        precision=Precision(t.precision, ctx.device),
         progress=progress, saver=saver, agreement=agreement, reporter=reporter,
         policies=Policies(progress, saver, agreement, reporter, Interval(ctx.device),
                           parts.optimizer, ctx.rank),

@@ -396,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:
         if debug:
             raise
-        from trainer.ranks import usercode
+        from trainer import usercode
 
         exit_code = usercode.report(err)  # the user's model, dataset, step or script raised
         if exit_code is None:

@@ -24,7 +24,7 @@ def _one_line(text: str) -> str:
 
 USER_CODE_EXIT = 5
 """Exit status of a rank whose user code (model, dataset, step, script) raised: see
-:mod:`trainer.ranks.usercode`."""
+:mod:`trainer.usercode`."""
 
 
 class TrainerError(Exception):

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-CLUSTER = REPO / "tools" / "cluster"
 STATE = REPO / ".cache" / "cluster"
 KUBECTL = REPO / ".tools" / "cluster" / "bin" / "kubectl"
 
@@ -88,9 +87,7 @@ class Cluster:
 
 def _layout() -> Any:
     """tools/cluster/layout.py, where every path and name of the cluster is defined."""
-    if str(CLUSTER) not in sys.path:
-        sys.path.insert(0, str(CLUSTER))
-    import layout  # noqa: PLC0415 - tools/cluster is not a package
+    from tools.cluster import layout  # noqa: PLC0415 - only the cluster tests need it
 
     return layout
 
@@ -119,21 +116,23 @@ def merged(*layers: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def restart_process(name: str) -> None:
-    """`cluster.py restart NAME`: SIGKILL one of the cluster's processes, start it again."""
-    proc = subprocess.run([sys.executable, str(CLUSTER / "cluster.py"), "restart", name],
+    """`python -m tools.cluster restart NAME`: SIGKILL one of the cluster's processes, start it
+    again."""
+    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "restart", name], cwd=REPO,
                           text=True, capture_output=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"cluster.py restart {name} exited {proc.returncode}:\n"
+        raise RuntimeError(f"tools.cluster restart {name} exited {proc.returncode}:\n"
                            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
 
 
 def bring_up() -> Cluster:
-    """`cluster.py up` (idempotent: a running cluster is reused) and the files it wrote."""
-    proc = subprocess.run([sys.executable, str(CLUSTER / "cluster.py"), "up"], text=True,
+    """`python -m tools.cluster up` (idempotent: a running cluster is reused) and the files it
+    wrote."""
+    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "up"], cwd=REPO, text=True,
                           capture_output=True, check=False)
     sys.stdout.write(proc.stdout)
     if proc.returncode != 0:
-        raise RuntimeError(f"tools/cluster/cluster.py up exited {proc.returncode}:\n"
+        raise RuntimeError(f"python -m tools.cluster up exited {proc.returncode}:\n"
                            f"{proc.stdout[-3000:]}{proc.stderr[-5000:]}")
     values = json.loads("".join(line for line in (STATE / "values-local.yaml").read_text()
                                 .splitlines(keepends=True) if not line.startswith("#")))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.kube import REPO, RESTRICTED_CONTAINER, RESTRICTED_POD, Cluster, KubectlError
-from tests.e2e.harness.podman import Podman
+from tools.imagebuild.podman import Podman
 from trainer import __version__
 
 SEED = int(os.environ.get("CLUSTER_TEST_SEED", random.randrange(1, 10_000)))

@@ -12,7 +12,7 @@ from tests.cluster import monitoring
 from tests.cluster.helm import CHART, HELM3, REGISTRY, Release, release_name
 from tests.cluster.jobs import KEEP_RESULTS, SHORT, finished, uid, wait_until
 from tests.cluster.kube import Cluster, merged
-from tests.e2e.harness.image import package_version
+from tools.imagebuild.image import package_version
 
 
 def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(

@@ -18,7 +18,7 @@ from trainer.data import build_splits
 from trainer.data.images import ImageFolderDataset
 from trainer.data.loaders import WorkerOptions, build_train_sampler, train_loader
 from trainer.data.transforms import ImageTransform, center_crop_box, random_crop_box
-from trainer.distributed.bootstrap import DistContext
+from trainer.placement import DistContext
 
 CPU = DistContext(0, 1, 0, 1, torch.device("cpu"), "gloo", False)
 

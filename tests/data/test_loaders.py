@@ -22,8 +22,8 @@ from trainer.data.loaders import (
     make_loader,
     train_loader,
 )
-from trainer.distributed.bootstrap import DistContext
 from trainer.errors import ConfigError, DataError
+from trainer.placement import DistContext
 
 
 def _ctx(rank: int = 0, world: int = 1) -> DistContext:

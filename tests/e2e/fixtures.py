@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.harness.image import BuiltImage, shared_image
-from tests.e2e.harness.podman import Podman, PodmanMissing
+from tools.imagebuild.image import BuiltImage, shared_image
+from tools.imagebuild.podman import Podman, PodmanMissing
 
 
 @pytest.fixture(scope="session")

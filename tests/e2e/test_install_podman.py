@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.e2e.harness.podman import Podman
+from tools.imagebuild.podman import Podman
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "install-podman.sh"
 BASH = shutil.which("bash") or "/bin/bash"

@@ -1,5 +1,5 @@
 """The image itself: built by podman from our Dockerfile (CPU variant, local Debian base,
-local wheel index; tests/e2e/harness/image.py), then run and inspected."""
+local wheel index; tools/imagebuild/image.py), then run and inspected."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import hashlib
 
 import pytest
 
-from tests.e2e.harness.image import BuiltImage
-from tests.e2e.harness.podman import Podman
-from tests.image.dockerfile import REPO, parse
+from tools.imagebuild.dockerfile import REPO, parse
+from tools.imagebuild.image import BuiltImage
+from tools.imagebuild.podman import Podman
 
 # How the chart runs the container (values.yaml securityContext), as podman flags.
 RESTRICTED = ("--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",

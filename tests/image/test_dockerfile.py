@@ -12,7 +12,7 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 
-from tests.image.dockerfile import REPO, parse, resolve
+from tools.imagebuild.dockerfile import REPO, parse, resolve
 
 UID = "10001"
 

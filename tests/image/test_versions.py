@@ -7,7 +7,7 @@ import subprocess
 
 import yaml
 
-from tests.image.dockerfile import REPO, parse
+from tools.imagebuild.dockerfile import REPO, parse
 from trainer import __version__
 
 CHART = REPO / "charts" / "ddp-trainer"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.image.dockerfile import REPO, parse
+from tools.imagebuild.dockerfile import REPO, parse
 from trainer import __version__
 
 

@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.harness.image import SUITE, base_image
-from tests.e2e.harness.podman import Podman
-from tests.e2e.harness.wheels import BASE_GLIBC_MINOR, PLATFORM_ARGS, dockerfile_pins, torch_version
+from tools.imagebuild.image import SUITE, base_image
+from tools.imagebuild.podman import Podman
+from tools.imagebuild.wheels import BASE_GLIBC_MINOR, PLATFORM_ARGS, dockerfile_pins, torch_version
 
 
 def test_pypis_torch_and_every_pin_resolve_for_the_base_images_platform(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from layout import API_PORT, NODE_IP, Paths
+from tools.cluster.layout import API_PORT, NODE_IP, Paths
 
 
 def context(paths: Paths, user: str | None = "admin", verify: bool = True) -> ssl.SSLContext:

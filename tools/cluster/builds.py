@@ -8,6 +8,7 @@ version, so a pin bump builds anew and anything else reuses what a machine built
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -16,20 +17,34 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from layout import HERE, Versions, binaries_cache
+from tools.cluster.layout import (
+    COREDNS_MODULE,
+    HERE,
+    LOCAL_PATH_MODULE,
+    PROMETHEUS_MODULE,
+    PROMETHEUS_OPERATOR_MODULE,
+    TRAINER_V2_MODULE,
+    TRAINING_OPERATOR_MODULE,
+    Versions,
+    binaries_cache,
+)
 
 
 @dataclass(frozen=True)
 class Group:
     """One Go module of ours and the binaries built from it."""
 
+    name: str
+    """Its binaries' cache folder is `name`-<key>: a name of its own, not the module folder's,
+    so that renaming a folder does not orphan what a machine built (a cold build of every
+    module takes ~25 minutes on 2 cores)."""
     module: Path
     packages: tuple[tuple[str, str], ...]  # (binary name, package path)
     static: bool = False  # no cgo: the binary goes into a FROM-scratch image
     tags: str = ""  # go build -tags
 
     def ldflags(self, versions: Versions) -> str:
-        if self.module.name == "localpath":  # what its release build stamps
+        if self.name == "localpath":  # what its release build stamps
             return f"-s -w -X main.VERSION={versions.local_path}"
         if self.module != HERE:
             return "-s -w"
@@ -42,26 +57,28 @@ class Group:
 
 K8S = "k8s.io/kubernetes/cmd/"
 GROUPS = (
-    Group(HERE, (("kube-apiserver", K8S + "kube-apiserver"),
+    Group("cluster", HERE, (("kube-apiserver", K8S + "kube-apiserver"),
                  ("kube-controller-manager", K8S + "kube-controller-manager"),
                  ("kube-scheduler", K8S + "kube-scheduler"), ("kubelet", K8S + "kubelet"),
                  ("kubectl", K8S + "kubectl"),
                  ("etcd", "./cmd/etcd"))),
-    Group(HERE / "coredns", (("coredns", "."),)),
-    Group(HERE / "localpath", (("local-path-provisioner",
-                                "github.com/rancher/local-path-provisioner"),)),
-    Group(HERE / "training", (("training-operator",
-                               "github.com/kubeflow/training-operator/cmd/training-operator.v1"),)),
-    Group(HERE / "trainer", (("trainer-controller-manager",
-                              "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"),
-                             ("jobset-controller", "sigs.k8s.io/jobset"))),
-    Group(HERE / "monitoring", (
+    Group("coredns", COREDNS_MODULE, (("coredns", "."),)),
+    Group("localpath", LOCAL_PATH_MODULE, (
+        ("local-path-provisioner", "github.com/rancher/local-path-provisioner"),)),
+    Group("training", TRAINING_OPERATOR_MODULE, (
+        ("training-operator", "github.com/kubeflow/training-operator/cmd/training-operator.v1"),)),
+    Group("trainer", TRAINER_V2_MODULE, (
+        ("trainer-controller-manager",
+         "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"),
+        ("jobset-controller", "sigs.k8s.io/jobset"))),
+    Group("monitoring", PROMETHEUS_OPERATOR_MODULE, (
         ("prometheus-operator", "github.com/prometheus-operator/prometheus-operator/cmd/operator"),
         ("prometheus-config-reloader",
          "github.com/prometheus-operator/prometheus-operator/cmd/prometheus-config-reloader")),
         static=True),
     # Only the Kubernetes service discovery of Prometheus' plugins (its build tags).
-    Group(HERE / "prometheus", (("prometheus", "github.com/prometheus/prometheus/cmd/prometheus"),),
+    Group("prometheus", PROMETHEUS_MODULE, (
+        ("prometheus", "github.com/prometheus/prometheus/cmd/prometheus"),),
           static=True, tags="remove_all_sd,enable_kubernetes_sd"),
 )
 
@@ -93,11 +110,24 @@ def key(group: Group, go: str, ldflags: str) -> str:
     return h.hexdigest()[:16]
 
 
+def cache_folder(group: Group, go: str, ldflags: str) -> Path:
+    """Where the group's binaries are kept: its own name and the key, never its folder's name."""
+    return binaries_cache() / f"{group.name}-{key(group, go, ldflags)}"
+
+
+def module_dir(module: str, cwd: Path) -> Path:
+    """The source folder of `module` at the version the go.mod in `cwd` pins (`go mod download`
+    fetches it into the module cache once): where release manifests are read from."""
+    proc = subprocess.run([_go(), "mod", "download", "-json", module], cwd=cwd,
+                          capture_output=True, text=True, check=True)
+    return Path(json.loads(proc.stdout)["Dir"])
+
+
 def build(group: Group, versions: Versions) -> Path:
     """The folder holding the group's binaries, built if this machine has not yet."""
     go = _go()
     ldflags = group.ldflags(versions)
-    out = binaries_cache() / f"{group.module.name}-{key(group, go, ldflags)}"
+    out = cache_folder(group, go, ldflags)
     if all((out / name).is_file() for name, _ in group.packages):
         return out
     tmp = out.with_name(out.name + ".partial")
@@ -118,12 +148,12 @@ def build(group: Group, versions: Versions) -> Path:
     if proc.returncode != 0:
         raise BuildError(f"{' '.join(command)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
     for name, pkg in group.packages:  # go build -o DIR names a binary after its package
-        built = tmp / (Path(pkg).name if pkg != "." else group.module.name)
+        built = tmp / (Path(pkg).name if pkg != "." else group.name)
         if not (tmp / name).exists() and built.exists():
             built.rename(tmp / name)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    for older in out.parent.glob(f"{group.module.name}-*"):  # earlier pins of this module
+    for older in out.parent.glob(f"{group.name}-*"):  # earlier pins of this module
         if older != out:
             shutil.rmtree(older, ignore_errors=True)
     print(f"cluster: built in {time.monotonic() - started:.0f} s -> {out}", flush=True)

@@ -6,14 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import api
-import controllers
-import operators
-import prometheus_stack
-import trainer_v2
-from configs import HELPER_IMAGE
-from controllers import HostController
-from layout import (
+from tools.cluster import api
+from tools.cluster.configs import HELPER_IMAGE
+from tools.cluster.layout import (
     API_PORT,
     DNS_READY,
     ETCD_CLIENT,
@@ -137,23 +132,3 @@ def ready(paths: Paths, component: Component) -> bool:
     if component.ready_url.startswith("https"):
         ctx = api.context(paths, component.user, component.verify)
     return api.ok(component.ready_url, ctx)
-
-
-# The operators run on the host, in the order they start: JobSet before Trainer, which makes
-# JobSets; `down` stops them in the reverse order.
-HOSTED = (operators.OPERATOR, trainer_v2.JOBSET, trainer_v2.TRAINER, prometheus_stack.OPERATOR)
-
-
-def host_controllers(paths: Paths, bins: dict[str, Path]) -> list[tuple[HostController,
-                                                                          Component]]:
-    """Each of HOSTED with the process that runs it."""
-    flags: dict[HostController, tuple[list[str], dict[str, str]]] = {
-        operators.OPERATOR: (operators.arguments(paths),
-                             {"MY_POD_NAMESPACE": operators.OPERATOR.namespace}),
-        trainer_v2.JOBSET: (trainer_v2.arguments(paths, trainer_v2.JOBSET), {}),
-        trainer_v2.TRAINER: (trainer_v2.arguments(paths, trainer_v2.TRAINER), {}),
-        prometheus_stack.OPERATOR: (prometheus_stack.arguments(), prometheus_stack.environment()),
-    }
-    return [(c, Component(c.name, controllers.argv(paths, c, [str(bins[c.name]), *flags[c][0]]),
-                          f"http://{c.health}{c.ready_path}", user=None, env=flags[c][1]))
-            for c in HOSTED]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from layout import (
+from tools.cluster.layout import (
     BRIDGE,
     CLUSTER_DOMAIN,
     DNS_HEALTH,

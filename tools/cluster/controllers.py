@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import api
-from layout import NODE_IP, Paths
-from pki import kubeconfig_token
+from tools.cluster import api
+from tools.cluster.layout import NODE_IP, Paths
+from tools.cluster.pki import kubeconfig_token
 
 CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"  # controller-runtime's, fixed in the rotators
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where a pod has its token

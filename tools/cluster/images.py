@@ -6,25 +6,22 @@ podman; containerd then pulls them over HTTPS as a cluster pulls from any regist
 - busybox: Debian's busybox-static, for local-path-provisioner's helper pods;
 - prometheus, prometheus-config-reloader: built from their modules, for the Prometheus pod
   prometheus-operator makes;
-- ddp-trainer: the checkout's Dockerfile, built by the e2e harness's podman path
-  (tests/e2e/harness/image.py: a debootstrapped base, the local wheel index).
+- ddp-trainer: the checkout's Dockerfile, built as the release builds it
+  (tools/imagebuild/image.py: podman, a debootstrapped base, the local wheel index).
 """
 
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import urllib.request
 from pathlib import Path
 
-from configs import HELPER_IMAGE, PAUSE_IMAGE
-from layout import REGISTRY, REPO, Paths
-from prometheus_stack import PROMETHEUS_IMAGE, RELOADER_IMAGE
-
-sys.path.insert(0, str(REPO))
-from tests.e2e.harness.image import BuiltImage, trainer_image  # noqa: E402
-from tests.e2e.harness.podman import Podman  # noqa: E402
+from tools.cluster.configs import HELPER_IMAGE, PAUSE_IMAGE
+from tools.cluster.layout import REGISTRY, Paths
+from tools.cluster.prometheus_stack import PROMETHEUS_IMAGE, RELOADER_IMAGE
+from tools.imagebuild.image import BuiltImage, trainer_image
+from tools.imagebuild.podman import Podman
 
 TRAINER_REPOSITORY = f"{REGISTRY}/ddp-trainer"
 

@@ -14,6 +14,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
+# The Go modules the components are built from, each folder named for what it builds (the root
+# module, HERE, builds Kubernetes and etcd). Their go.mod files pin every version.
+COREDNS_MODULE = HERE / "coredns"
+LOCAL_PATH_MODULE = HERE / "local-path-provisioner"
+TRAINING_OPERATOR_MODULE = HERE / "training-operator"
+TRAINER_V2_MODULE = HERE / "trainer-v2-operator"  # Kubeflow Trainer v2 and JobSet
+PROMETHEUS_OPERATOR_MODULE = HERE / "prometheus-operator"  # and its config reloader
+PROMETHEUS_MODULE = HERE / "prometheus"
+
 # The node's address: an interface of its own (a bridge with no ports), so the node, the
 # registry and the cluster DNS have one address that pods reach through the CNI bridge's
 # gateway and that never leaves this machine (the kubelet refuses a loopback node IP).
@@ -57,17 +66,17 @@ class Versions:
     def read(cls) -> Versions:
         return cls(kubernetes=_require(HERE / "go.mod", "k8s.io/kubernetes"),
                    etcd=_require(HERE / "go.mod", "go.etcd.io/etcd/server/v3"),
-                   coredns=_require(HERE / "coredns" / "go.mod", "github.com/coredns/coredns"),
-                   local_path=_require(HERE / "localpath" / "go.mod",
+                   coredns=_require(COREDNS_MODULE / "go.mod", "github.com/coredns/coredns"),
+                   local_path=_require(LOCAL_PATH_MODULE / "go.mod",
                                        "github.com/rancher/local-path-provisioner"),
-                   training_operator=_require(HERE / "training" / "go.mod",
+                   training_operator=_require(TRAINING_OPERATOR_MODULE / "go.mod",
                                               "github.com/kubeflow/training-operator"),
-                   trainer=_require(HERE / "trainer" / "go.mod", "github.com/kubeflow/trainer/v2"),
-                   jobset=_require(HERE / "trainer" / "go.mod", "sigs.k8s.io/jobset"),
+                   trainer=_require(TRAINER_V2_MODULE / "go.mod", "github.com/kubeflow/trainer/v2"),
+                   jobset=_require(TRAINER_V2_MODULE / "go.mod", "sigs.k8s.io/jobset"),
                    prometheus_operator=_require(
-                       HERE / "monitoring" / "go.mod",
+                       PROMETHEUS_OPERATOR_MODULE / "go.mod",
                        "github.com/prometheus-operator/prometheus-operator"),
-                   prometheus=_require(HERE / "prometheus" / "go.mod",
+                   prometheus=_require(PROMETHEUS_MODULE / "go.mod",
                                        "github.com/prometheus/prometheus"))
 
 

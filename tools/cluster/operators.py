@@ -8,20 +8,20 @@ renders it. Only the PyTorchJob controller is enabled.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import api
 import yaml
-from configs import HELPER_IMAGE
-from controllers import HostController, Port
-from layout import HERE, REPO, Paths
+
+from tools.cluster import api
+from tools.cluster.builds import module_dir
+from tools.cluster.configs import HELPER_IMAGE
+from tools.cluster.controllers import HostController, Port
+from tools.cluster.layout import REPO, TRAINING_OPERATOR_MODULE, Paths
 
 MODULE = "github.com/kubeflow/training-operator"
 HEALTH = "127.0.0.1:8091"
-INIT_TEMPLATE = REPO / "docs" / "operator" / "pytorch-init-container.yaml"
+INIT_TEMPLATE = REPO / "k8s" / "operator" / "pytorch-init-container.yaml"
 OPERATOR = HostController(
     name="training-operator", namespace="kubeflow", service_account="training-operator",
     service="training-operator", secret="training-operator-webhook-cert",
@@ -29,10 +29,8 @@ OPERATOR = HostController(
     ports=(Port("webhook-server", 443, 9443),), health=HEALTH)
 
 
-def module_dir(module: str = MODULE, cwd: Path = HERE / "training") -> Path:
-    proc = subprocess.run(["go", "mod", "download", "-json", module], cwd=cwd,
-                          capture_output=True, text=True, check=True)
-    return Path(json.loads(proc.stdout)["Dir"])
+def source() -> Path:
+    return module_dir(MODULE, TRAINING_OPERATOR_MODULE)
 
 
 def manifests(paths: Paths, kubectl: Path, source: Path) -> list[dict[str, Any]]:
@@ -44,7 +42,7 @@ def manifests(paths: Paths, kubectl: Path, source: Path) -> list[dict[str, Any]]
 
 
 def arguments(paths: Paths) -> list[str]:
-    """The operator's flags: only the PyTorchJob controller; the init container of docs/operator
+    """The operator's flags: only the PyTorchJob controller; the init container of k8s/operator
     (Pod Security `restricted`) with an image the cluster has."""
     return ["--kubeconfig", str(OPERATOR.kubeconfig(paths)), "--enable-scheme=pytorchjob",
             "--metrics-bind-address", "127.0.0.1:8090", "--health-probe-bind-address", HEALTH,

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from layout import API_PORT, CLUSTER_DOMAIN, KUBERNETES_SERVICE_IP, NODE_IP, NODE_NAME
+from tools.cluster.layout import API_PORT, CLUSTER_DOMAIN, KUBERNETES_SERVICE_IP, NODE_IP, NODE_NAME
 
 DAYS = "3650"
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from layout import Paths
+from tools.cluster.layout import Paths
 
 
 class ClusterError(RuntimeError):

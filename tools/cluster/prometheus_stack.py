@@ -1,9 +1,10 @@
 """prometheus-operator and the Prometheus it runs, as kube-prometheus-stack sets them up.
 
-The operator (tools/cluster/monitoring/go.mod pins it) runs on the host in-cluster mode: its
-ServiceAccount's token at the pod path (controllers.py) and KUBERNETES_SERVICE_HOST/PORT naming
-the API server. Its CRDs and RBAC are the module's `example/prometheus-operator-crd` and
-`example/rbac`. A `Prometheus` resource selects PodMonitors and PrometheusRules labelled
+The operator (tools/cluster/prometheus-operator/go.mod pins it) runs on the host in-cluster
+mode: its ServiceAccount's token at the pod path (controllers.py) and
+KUBERNETES_SERVICE_HOST/PORT naming the API server. Its CRDs and RBAC are the module's
+`example/prometheus-operator-crd` and `example/rbac`. A `Prometheus` resource selects
+PodMonitors and PrometheusRules labelled
 `release: kube-prometheus-stack` in every namespace, the chart's default labels; the operator
 makes its StatefulSet, whose pod runs Prometheus (the version the operator defaults to, built
 from its module with only Kubernetes discovery: Debian's 2.42 build leaves that out) and the
@@ -17,13 +18,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-import api
-import controllers
-import procs
 import yaml
-from controllers import HostController
-from layout import API_PORT, HERE, NODE_IP, REGISTRY, Paths, Versions
-from operators import module_dir
+
+from tools.cluster import api, controllers, procs
+from tools.cluster.builds import module_dir
+from tools.cluster.controllers import HostController
+from tools.cluster.layout import (
+    API_PORT,
+    NODE_IP,
+    PROMETHEUS_OPERATOR_MODULE,
+    REGISTRY,
+    Paths,
+    Versions,
+)
 
 MODULE = "github.com/prometheus-operator/prometheus-operator"
 NAMESPACE = "monitoring"
@@ -47,7 +54,7 @@ INTERVAL = "5s"
 
 
 def source() -> Path:
-    return module_dir(MODULE, HERE / "monitoring")
+    return module_dir(MODULE, PROMETHEUS_OPERATOR_MODULE)
 
 
 def manifests() -> list[dict[str, Any]]:

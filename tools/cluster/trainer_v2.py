@@ -1,7 +1,7 @@
 """Kubeflow Trainer v2 and JobSet, the version Trainer's go.mod pins, run for real against the
 cluster (controllers.py says how a controller runs on the host).
 
-Both come from the module versions tools/cluster/trainer/go.mod pins: JobSet's release
+Both come from the module versions tools/cluster/trainer-v2-operator/go.mod pins: JobSet's release
 manifests are its module's config/default, Trainer's its manager overlay less the line that
 fetches JobSet's from a URL (JobSet is installed from its module instead). Trainer runs with the
 TrainJobStatus feature gate on, so its status server (KEP-2779, port 10443) takes the progress
@@ -15,13 +15,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import api
 import yaml
-from controllers import HostController, Port
-from layout import HERE, Paths
-from operators import module_dir
 
-MODULE_DIR = HERE / "trainer"
+from tools.cluster import api
+from tools.cluster.builds import module_dir
+from tools.cluster.controllers import HostController, Port
+from tools.cluster.layout import TRAINER_V2_MODULE, Paths
+
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 JOBSET_MODULE = "sigs.k8s.io/jobset"
 STATUS_PORT = 10443
@@ -46,13 +46,13 @@ TRAINER = HostController(
 
 
 def jobset_manifests(paths: Paths, kubectl: Path) -> list[dict[str, Any]]:
-    source = module_dir(JOBSET_MODULE, MODULE_DIR)
+    source = module_dir(JOBSET_MODULE, TRAINER_V2_MODULE)
     rendered = api.kubectl(paths, kubectl, "kustomize", str(source / "config" / "default"))
     return [d for d in yaml.safe_load_all(rendered.stdout) if d]
 
 
 def trainer_manifests(paths: Paths, kubectl: Path) -> list[dict[str, Any]]:
-    source = module_dir(TRAINER_MODULE, MODULE_DIR) / "manifests"
+    source = module_dir(TRAINER_MODULE, TRAINER_V2_MODULE) / "manifests"
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "manifests"
         shutil.copytree(source, copy)
@@ -66,7 +66,7 @@ def trainer_manifests(paths: Paths, kubectl: Path) -> list[dict[str, Any]]:
 
 def runtimes() -> list[dict[str, Any]]:
     """The ClusterTrainingRuntime `torch-distributed` of the same release."""
-    path = (module_dir(TRAINER_MODULE, MODULE_DIR) / "manifests" / "base" / "runtimes"
+    path = (module_dir(TRAINER_MODULE, TRAINER_V2_MODULE) / "manifests" / "base" / "runtimes"
             / "torch_distributed.yaml")
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 

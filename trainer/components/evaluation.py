@@ -18,7 +18,7 @@ from torch import nn
 
 from trainer.components.steps import StepFn, Tally, as_output, counts_vector
 from trainer.components.tree import batch_len, take, to_device
-from trainer.distributed.bootstrap import DistContext
+from trainer.placement import DistContext
 
 
 @dataclass(frozen=True)

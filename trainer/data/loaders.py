@@ -26,8 +26,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainer.config import JobConfig
 from trainer.data import EpochIndices, IndexView, fetch
-from trainer.distributed.bootstrap import DistContext
 from trainer.errors import DataError, TrainerError
+from trainer.placement import DistContext
 from trainer.sampling import BatchedSampler, DistributedEvalSampler, DistributedShuffleSampler
 from trainer.sampling.permutation import derive_key
 

@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 
 from trainer.components import checkpoint
-from trainer.distributed.bootstrap import DistContext
 from trainer.distributed.preemption import StopFlag
 from trainer.errors import CheckpointError, RankLost, first_line
-from trainer.ranks.usercode import user_frame
+from trainer.placement import DistContext
+from trainer.usercode import user_frame
 
 log = logging.getLogger(__name__)
 

@@ -23,33 +23,15 @@ import datetime
 import logging
 import os
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from trainer.config import DistConfig
 from trainer.errors import ConfigError, first_line
+from trainer.placement import DistContext
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DistContext:
-    """What a rank knows about its place in the job."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    device: torch.device
-    backend: str
-    initialized: bool
-    """True when a process group was created (false in the single-process fallback)."""
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
 
 
 def _env_int(name: str, default: int) -> int:

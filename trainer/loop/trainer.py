@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,14 +20,12 @@ from trainer.components.steps import as_output
 from trainer.components.tree import batch_len, to_device
 from trainer.config import CONFIG_VERSION, JobConfig
 from trainer.distributed.agreement import Resumed, collective
-from trainer.distributed.bootstrap import DistContext
 from trainer.loop.global_batch import plan_batches
 from trainer.loop.interval_stats import Interval
+from trainer.loop.parts import LoopParts, TrainParts
+from trainer.loop.resume_check import load_checked, training_state
 from trainer.loop.state import TrainingState
-from trainer.ranks.resume_check import load_checked, training_state
-
-if TYPE_CHECKING:
-    from trainer.build import LoopParts, TrainParts
+from trainer.placement import DistContext
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +37,6 @@ class Trainer:
     def __init__(self, cfg: JobConfig, ctx: DistContext, parts: TrainParts, loop: LoopParts,
                  objects: dict[str, str]) -> None:
         self.cfg, self.ctx, self.parts, self.loop, self.objects = cfg, ctx, parts, loop, objects
-        self.raw_model, self.model, self.step_fn = parts.model, parts.wrapped, parts.step
-        self.optimizer, self.sampler, self.schedule = parts.optimizer, parts.sampler, parts.schedule
-        self.plan, self.precision = loop.plan, loop.precision
-        self.saver, self.agreement, self.reporter = loop.saver, loop.agreement, loop.reporter
-        self.progress, self.policies = loop.progress, loop.policies
         # Per-process bookkeeping, not checkpointed.
         self.resumed_step: int | None = None
         self.last_eval: EvalResult | None = None
@@ -56,49 +49,49 @@ class Trainer:
                   ) -> TrainingState:
         """All progress; `consumed`: the epoch's global sample positions trained so far, or
         None at an epoch boundary (a resume starts the next epoch)."""
-        p = self.progress
+        p = self.loop.progress
         return TrainingState(
-            model=self.raw_model.state_dict(), optimizer=self.optimizer.state_dict(),
+            model=self.parts.model.state_dict(), optimizer=self.parts.optimizer.state_dict(),
             epoch=p.epoch if consumed is not None else p.epoch + 1, step=p.step,
-            sampler=self.sampler.state_dict(consumed) if consumed is not None else None,
+            sampler=self.parts.sampler.state_dict(consumed) if consumed is not None else None,
             epoch_loss_sum=loss_sum, epoch_loss_count=loss_count, train_loss=p.train_loss,
-            global_batch=self.plan.global_batch, world_size=self.ctx.world_size,
+            global_batch=self.loop.plan.global_batch, world_size=self.ctx.world_size,
             rng_cpu=torch.get_rng_state(),
             rng_cuda=torch.cuda.get_rng_state() if self.ctx.device.type == "cuda" else None,
             updates=p.updates,
-            schedule_total_steps=self.schedule.total_steps if self.schedule else 0,
-            precision=self.precision.state_dict(), config=self._config,
+            schedule_total_steps=self.parts.schedule.total_steps if self.parts.schedule else 0,
+            precision=self.loop.precision.state_dict(), config=self._config,
             config_version=CONFIG_VERSION, objects=self.objects,
             class_names=list(self.parts.class_names or []))
 
     def _restore(self, state: TrainingState) -> None:
-        self.raw_model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
+        self.parts.model.load_state_dict(state.model)
+        self.parts.optimizer.load_state_dict(state.optimizer)
         # The curve continues as planned when the run started, whatever the world size now.
-        if self.schedule is not None:
-            self.schedule.total_steps = state.schedule_total_steps
+        if self.parts.schedule is not None:
+            self.parts.schedule.total_steps = state.schedule_total_steps
         if state.precision:
-            self.precision.load_state_dict(state.precision)
+            self.loop.precision.load_state_dict(state.precision)
         # The saved sums cover all ranks: rank 0 carries them on, the others start from zero.
         # A sampler that cannot resume mid-epoch (torch's) replays the epoch from its start,
         # so the sums of its first attempt must not be counted again.
-        main = self.ctx.is_main and getattr(self.sampler, "resumes_mid_epoch", True)
-        p = self.progress
+        main = self.ctx.is_main and getattr(self.parts.sampler, "resumes_mid_epoch", True)
+        p = self.loop.progress
         p.epoch, p.step, p.updates, p.train_loss = (state.epoch, state.step, state.updates,
                                                     state.train_loss)
         p.epoch_loss_sum = state.epoch_loss_sum if main else 0.0
         p.epoch_loss_count = state.epoch_loss_count if main else 0
         if state.sampler is not None:
-            self.sampler.load_state_dict(state.sampler)
+            self.parts.sampler.load_state_dict(state.sampler)
         torch.set_rng_state(state.rng_cpu)
         if state.rng_cuda is not None and self.ctx.device.type == "cuda":
             torch.cuda.set_rng_state(state.rng_cuda)
-        if state.global_batch != self.plan.global_batch:
-            self.plan = plan_batches(state.global_batch, self.ctx.world_size,
-                                     max_micro=self.cfg.train.batch_size)
+        if state.global_batch != self.loop.plan.global_batch:
+            plan = self.loop.plan = plan_batches(state.global_batch, self.ctx.world_size,
+                                                 max_micro=self.cfg.train.batch_size)
             log.warning("world size changed %d -> %d: keeping the global batch %d as %d per "
                         "rank x %d accumulation steps", state.world_size, self.ctx.world_size,
-                        self.plan.global_batch, self.plan.micro_batch, self.plan.accum_steps)
+                        plan.global_batch, plan.micro_batch, plan.accum_steps)
         self.resumed_step = state.step
 
     def resume(self, resumed: Resumed) -> None:
@@ -108,45 +101,46 @@ class Trainer:
                      lambda saved: self._restore(TrainingState.from_dict(saved)))
         position = state["sampler"]["position"] if state["sampler"] else 0
         log.info("resumed from %s: step %d, epoch %d, sample position %d (saved by %d ranks)%s",
-                 resumed.name, self.progress.step, self.progress.epoch, position,
+                 resumed.name, self.loop.progress.step, self.loop.progress.epoch, position,
                  state["world_size"],
                  "; sent by rank 0 to the ranks without a copy" if resumed.sent else "")
 
     # -- loop ----------------------------------------------------------------------------
     def planned_steps(self) -> int:
         per_rank = math.ceil(len(self.parts.train_set) / self.ctx.world_size)
-        micro_steps = math.ceil(per_rank / self.plan.micro_batch)
-        total = math.ceil(micro_steps / self.plan.accum_steps) * self.cfg.train.epochs
+        micro_steps = math.ceil(per_rank / self.loop.plan.micro_batch)
+        total = math.ceil(micro_steps / self.loop.plan.accum_steps) * self.cfg.train.epochs
         return min(total, self.cfg.train.max_steps) if self.cfg.train.max_steps else total
 
     def train(self) -> dict[str, Any]:
         """Train to `train.epochs` or `train.max_steps`; return the summary (same on all ranks)."""
-        loader = self.parts.train_loader(self.plan.micro_batch)
+        plan = self.loop.plan
+        loader = self.parts.train_loader(plan.micro_batch)
         planned = self.planned_steps()
-        if self.schedule is not None and not self.schedule.total_steps:
-            self.schedule.total_steps = planned
+        if self.parts.schedule is not None and not self.parts.schedule.total_steps:
+            self.parts.schedule.total_steps = planned
         if self.ctx.is_main:
             log.info("global batch %d = %d per rank x %d ranks x %d accumulation steps; %d "
-                     "optimizer steps planned", self.plan.global_batch, self.plan.micro_batch,
-                     self.ctx.world_size, self.plan.accum_steps, planned)
-        start, p = time.perf_counter(), self.progress
-        self.reporter.start(planned, p.step, self.resumed_step)
+                     "optimizer steps planned", plan.global_batch, plan.micro_batch,
+                     self.ctx.world_size, plan.accum_steps, planned)
+        start, p = time.perf_counter(), self.loop.progress
+        self.loop.reporter.start(planned, p.step, self.resumed_step)
         try:
-            while p.epoch < self.cfg.train.epochs and not self.saver.done(p.step):
+            while p.epoch < self.cfg.train.epochs and not self.loop.saver.done(p.step):
                 consumed = self._train_epoch(loader)
                 self.last_eval = self._validate(epoch_end=True)
                 if consumed is not None:  # stopped by max_steps inside the epoch
                     self._save(consumed)
                     break
-                if self.saver.epoch_end_saved(p.step, p.epoch):
+                if self.loop.saver.epoch_end_saved(p.step, p.epoch):
                     self._save(None)
                 p.next_epoch()
             if self.last_eval is None:  # resumed after the last epoch: nothing left to train
                 self.last_eval = self._validate()
-            self.saver.wait()  # the final checkpoint is durable before the summary says done
-            self.agreement.drain()
+            self.loop.saver.wait()  # the final checkpoint is durable before the summary says done
+            self.loop.agreement.drain()
         finally:
-            self.reporter.close()
+            self.loop.reporter.close()
             for done in (loader, self.parts.val_loader):
                 getattr(done, "close", lambda: None)()  # their workers, before os._exit
         return self._summary(time.perf_counter() - start)
@@ -154,26 +148,26 @@ class Trainer:
     def _train_epoch(self, loader: Any) -> int | None:
         """Run the rest of the current epoch; return None when its data is exhausted, else the
         global sample position reached (max_steps stopped it)."""
-        self.sampler.set_epoch(self.progress.epoch)
-        position = self.sampler.start_position
-        positions_per_micro = self.plan.micro_batch * self.ctx.world_size
+        self.parts.sampler.set_epoch(self.loop.progress.epoch)
+        position = self.parts.sampler.start_position
+        positions_per_micro = self.loop.plan.micro_batch * self.ctx.world_size
         micro_total = len(loader)  # equal on every rank: the sampler pads short shards
-        self.model.train()
-        self.saver.before_fork(loader)
+        self.parts.wrapped.train()
+        self.loop.saver.before_fork(loader)
         batches = iter(loader)
         micro = 0
-        while micro < micro_total and not self.saver.done(self.progress.step):
-            k = min(self.plan.accum_steps, micro_total - micro)
+        while micro < micro_total and not self.loop.saver.done(self.loop.progress.step):
+            k = min(self.loop.plan.accum_steps, micro_total - micro)
             self._optimizer_step(batches, k)
             micro += k
             position += k * positions_per_micro
-            self.policies.after_step(micro == micro_total, position, self._save)
+            self.loop.policies.after_step(micro == micro_total, position, self._save)
         return None if micro == micro_total else position
 
     def _optimizer_step(self, batches: Iterator[Any], k: int) -> None:
         """Zero the gradients, accumulate `k` micro-batches, clip, step."""
         t0 = time.perf_counter()
-        interval, loop, precision = self.policies.interval, self.loop, self.precision
+        interval, loop, precision = self.loop.policies.interval, self.loop, self.loop.precision
         loop.zero_grad()
         losses: list[torch.Tensor] = []
         for j in range(k):
@@ -184,7 +178,7 @@ class Trainer:
             with loop.grad_comm if j == k - 1 or loop.ddp is None else loop.ddp.no_sync():
                 with precision.autocast(), self._compiled():
                     interval.forward.start()
-                    out = as_output(self.step_fn(self.model, batch))
+                    out = as_output(self.parts.step(self.parts.wrapped, batch))
                     interval.forward.stop()
                 loss = out.loss
                 precision.backward(loss / k if k > 1 else loss)
@@ -193,21 +187,21 @@ class Trainer:
             interval.count.append(out.count)
             interval.samples += batch_len(batch)
         self._update(interval)
-        self.progress.step += 1
+        self.loop.progress.step += 1
         interval.losses.append(losses[0] if k == 1 else torch.stack(losses).mean())
-        interval.epochs.append(self.progress.epoch)
+        interval.epochs.append(self.loop.progress.epoch)
         interval.step_times.append(time.perf_counter() - t0)
 
     def _update(self, interval: Interval) -> None:
         """Clip, step the optimizer at the scheduled learning rate, count a skipped step."""
         if (clip := self.cfg.optim.grad_clip) > 0:
-            self.precision.unscale(self.optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
+            self.loop.precision.unscale(self.parts.optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(self.parts.model.parameters(), clip)
             interval.grad_norm = torch.maximum(interval.grad_norm, norm.detach().double())
-        if self.schedule is not None:
-            self.schedule.apply(self.optimizer, self.progress.updates)
-        if self.precision.step(self.optimizer):
-            self.progress.updates += 1
+        if self.parts.schedule is not None:
+            self.parts.schedule.apply(self.parts.optimizer, self.loop.progress.updates)
+        if self.loop.precision.step(self.parts.optimizer):
+            self.loop.progress.updates += 1
         else:
             interval.skipped += 1
 
@@ -222,9 +216,9 @@ class Trainer:
     def _validate(self, epoch_end: bool = False) -> EvalResult:
         """Evaluate; at an epoch end the same reduction also sums the epoch's training loss
         (one collective for both) into `train_loss`."""
-        p = self.progress
-        self.saver.before_fork(self.parts.val_loader)
-        sums = local_sums(self.raw_model, self.step_fn, self.parts.val_loader,
+        p = self.loop.progress
+        self.loop.saver.before_fork(self.parts.val_loader)
+        sums = local_sums(self.parts.model, self.parts.step, self.parts.val_loader,
                           self.parts.val_valid, self.ctx.device)
         if epoch_end:
             epoch = [p.epoch_loss_sum, float(p.epoch_loss_count)]
@@ -235,43 +229,44 @@ class Trainer:
         if epoch_end:
             loss_sum, count = total[3:].tolist()
             p.train_loss = loss_sum / count if count else p.train_loss
-        self.reporter.validation(local, glob, p.epoch, p.step)
+        self.loop.reporter.validation(local, glob, p.epoch, p.step)
         return glob
 
     def _save(self, consumed: int | None) -> Path | None:
         """Checkpoint (collective: all ranks call it; rank 0 writes, in the background). A
         save inside the epoch records the epoch's loss sums over all ranks: reduced here
         unless the agreement reduced them at this step."""
-        if self.saver.directory is None:
+        if self.loop.saver.directory is None:
             return None
-        p = self.progress
+        p = self.loop.progress
         if consumed is None:  # nothing to carry past an epoch boundary
             loss_sum, count = 0.0, 0.0
-        elif (reduced := self.policies.reduced_epoch_loss()) is not None:
+        elif (reduced := self.loop.policies.reduced_epoch_loss()) is not None:
             loss_sum, count = reduced
         else:
             loss_sum, count = self._reduced("the epoch loss reduction",
                                             [p.epoch_loss_sum, float(p.epoch_loss_count)])
-        path = self.saver.save(
+        path = self.loop.saver.save(
             p.step, lambda: self._snapshot(consumed, loss_sum, int(count)).to_dict())
         if path is not None:
-            self.reporter.saved(p.step)
+            self.loop.reporter.saved(p.step)
         return path
 
     def _summary(self, wall: float) -> dict[str, Any]:
-        samples = self._reduced("the sample count reduction", [float(self.policies.samples)])[0]
+        samples = self._reduced("the sample count reduction",
+                                [float(self.loop.policies.samples)])[0]
         ev, names = self.last_eval, self.parts.class_names
         assert ev is not None
         return {
-            "world_size": self.ctx.world_size, "epochs": self.progress.epoch,
-            "steps": self.progress.step, "samples": int(samples),
+            "world_size": self.ctx.world_size, "epochs": self.loop.progress.epoch,
+            "steps": self.loop.progress.step, "samples": int(samples),
             "samples_per_second": samples / wall if wall > 0 else 0.0,
-            "train_loss": self.progress.train_loss,
+            "train_loss": self.loop.progress.train_loss,
             # None: no validation split (data.val_fraction 0), not an accuracy of 0
             "val_accuracy": ev.accuracy if ev.total else None,
             "val_correct": ev.correct, "val_total": ev.total,
             "val_loss": ev.loss if ev.total else None,
-            "wall_seconds": wall, "global_batch": self.plan.global_batch,
+            "wall_seconds": wall, "global_batch": self.loop.plan.global_batch,
             "resumed_from_step": self.resumed_step,
             **({"class_names": list(names)} if names else {}),
         }

@@ -150,7 +150,7 @@ class StatusClient:
             raise ReportFailed("connection", str(exc)) from None
 
 
-class Progress:
+class StatusTracker:
     """The trainer status built from logged keys: progress, ETA, samples/s and the metrics."""
 
     def __init__(self, world_size: int, clock: Callable[[], float] = time.monotonic) -> None:
@@ -239,7 +239,7 @@ class TrainJobStatusReporter:
                  min_interval: float = MIN_INTERVAL_SECONDS) -> None:
         self.client = client
         self.min_interval = min_interval
-        self.progress = Progress(world_size)
+        self.progress = StatusTracker(world_size)
         self.requests = Counter(
             "trainer_trainjob_status_requests", "Requests to the TrainJob status server "
             "(KUBEFLOW_TRAINER_SERVER_URL) by result", ["rank", "result"],

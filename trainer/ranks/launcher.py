@@ -22,9 +22,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
+from trainer import usercode
 from trainer.distributed import threads
 from trainer.errors import USER_CODE_EXIT, TrainerError, UserCodeError, first_line
-from trainer.ranks import usercode
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def cause(err: ChildFailedError) -> tuple[int, ProcessFailure]:
 
 def report_user_code(err: ChildFailedError) -> None:
     """One line naming the rank whose user code raised, from its error file (written by
-    :func:`trainer.ranks.usercode.record`); nothing when no rank's user code raised."""
+    :func:`trainer.usercode.record`); nothing when no rank's user code raised."""
     rank, failure = cause(err)
     if failure.exitcode != USER_CODE_EXIT:
         return

@@ -15,10 +15,11 @@ from trainer.components.steps import StepFn
 from trainer.config import JobConfig
 from trainer.distributed import threads
 from trainer.distributed.agreement import collective
-from trainer.distributed.bootstrap import DistContext, join, plan_context, teardown
+from trainer.distributed.bootstrap import join, plan_context, teardown
 from trainer.errors import AgreedStop, RankLost, TrainerError
+from trainer.placement import DistContext
 from trainer.ranks.outputs import check_output_dir
-from trainer.ranks.usercode import user_frame
+from trainer.usercode import user_frame
 
 
 class Rank:
@@ -72,7 +73,7 @@ def rank_life(cfg: JobConfig) -> Iterator[Rank]:
         raise
     except Exception as err:
         # The user's code raised: the group is left to the process's exit, so that the peers
-        # see this rank vanish only after it has reported the cause (see trainer.ranks.usercode).
+        # see this rank vanish only after it has reported the cause (see trainer.usercode).
         broken = not isinstance(err, TrainerError) and user_frame(err) is not None
         raise
     finally:

@@ -25,13 +25,13 @@ from trainer.config import JobConfig, saved_config
 from trainer.config_load import merge, validate
 from trainer.data.loaders import eval_loader, worker_options
 from trainer.distributed.agreement import agree_resume, collective
-from trainer.distributed.bootstrap import DistContext
 from trainer.distributed.preemption import StopFlag, linger
 from trainer.errors import CheckpointError, ConfigError, DataError, missing
+from trainer.loop.resume_check import training_state
 from trainer.metrics import RunInfo, build_metrics
+from trainer.placement import DistContext
 from trainer.ranks.lifecycle import rank_life
 from trainer.ranks.outputs import write_json
-from trainer.ranks.resume_check import training_state
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         ctx = rank.join()
         trainer = build_trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
                                 workload.objects)
-        rank.close_at_exit(trainer.saver.close)
+        rank.close_at_exit(trainer.loop.saver.close)
         resumed = agree_resume(directory, ctx, cfg.dist.timeout_seconds)
         if resumed is not None:
             trainer.resume(resumed)

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from tests.image.dockerfile import REPO, parse
+from tools.imagebuild.dockerfile import REPO, parse
 
 # The base image's interpreter (Debian bookworm's python3, glibc 2.36): the wheels must fit it.
 PYTHON_VERSION = "3.11"

@@ -1,4 +1,4 @@
-"""The podman command line, with the project's settings (``tests/e2e/containers.conf``).
+"""The podman command line, with the project's settings (``tools/imagebuild/containers.conf``).
 
 Every call names its objects explicitly (never ``--all`` or a prune): other runs, of other
 worktrees, may share this machine's container storage.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CONTAINERS_CONF = Path(__file__).resolve().parents[1] / "containers.conf"
+CONTAINERS_CONF = Path(__file__).resolve().parent / "containers.conf"
 
 
 class PodmanError(RuntimeError):

@@ -25,9 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.e2e.harness.podman import Podman, PodmanError
-from tests.e2e.harness.wheels import local_index
-from tests.image.dockerfile import REPO
+from tools.imagebuild.dockerfile import REPO
+from tools.imagebuild.podman import Podman, PodmanError
+from tools.imagebuild.wheels import local_index
 
 CACHE = Path(os.environ.get("E2E_CACHE", str(REPO / ".cache" / "e2e")))
 BASE_REPOSITORY = "localhost/ddp-trainer-e2e/base"

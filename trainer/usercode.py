@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trainer.errors import USER_CODE_EXIT, first_line
 
-_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # trainer/
+_PACKAGE = str(Path(__file__).resolve().parent) + os.sep  # trainer/
 _STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve()) + os.sep
 _WORKER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)',
                            re.MULTILINE)

@@ -1,0 +1,7 @@
+"""A real single-node Kubernetes on this host, for the tests (docs/cluster.md).
+
+    python -m tools.cluster up|down|build|restart NAME     (from the checkout's root)
+
+:mod:`.cli` runs the commands; :mod:`.actions` is the one ordered list of what `up` does and of
+the operators it installs. The Go modules beside these files are named for what they build.
+"""
