@@ -90,6 +90,16 @@ def test_cpu_only_value_set_requests_no_gpu_and_keeps_cpu_memory_limits(helm4: s
         }
 
 
+def test_every_trainer_container_falls_back_to_its_log_for_the_termination_message(
+        helm4: str) -> None:
+    # The trainer writes its error line to /dev/termination-log; a container killed before it
+    # could (the OOM killer) still shows why in `kubectl describe pod`: its log's tail.
+    for template in pod_templates(one(render(helm4), "PyTorchJob")).values():
+        assert trainer_container(template)["terminationMessagePolicy"] == \
+            "FallbackToLogsOnError"
+        assert "terminationMessagePath" not in trainer_container(template)  # the default
+
+
 def test_zero_workers_runs_the_master_alone(helm4: str) -> None:
     job = job_of(helm4, sets=("worker.replicas=0",))
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
+from trainer import termination
 from trainer.errors import USER_CODE_EXIT
 from trainer.ranks import usercode
 
@@ -84,19 +86,43 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     config, cmd, cmd_args = config_from_args(args)
     os.environ.update(env)
+    # One termination message for the container, the launcher's: its ranks record their
+    # lines for it in their error files instead of racing for the file.
+    message, os.environ[termination.ENV] = termination.target(), ""
     # SIGTERM (pod eviction) goes to the agent; it forwards it to the ranks, which checkpoint
     # and exit (see Recovery in the README).
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
         report_user_code(err)
+        termination.write(cause_line(err), message)
         return exit_code_of(err)
     except SignalException as err:  # SIGTERM/SIGINT to the agent: it stopped the ranks
+        termination.write(f"error: stopped by {signal.Signals(err.sigval).name}, as a "
+                          "preemption or eviction stops a pod; the ranks were stopped (fix: "
+                          "nothing to fix: restarting resumes from the newest checkpoint)",
+                          message)
         return 128 + int(err.sigval)
     except Exception as err:  # noqa: BLE001 - the agent's own failures (rendezvous, ...)
         if debug:
             raise
-        print(f"error: launcher failed: {err} (fix: rerun with --debug for details)",
-              file=sys.stderr)
+        line = f"error: launcher failed: {err} (fix: rerun with --debug for details)"
+        print(line, file=sys.stderr)
+        termination.write(line, message)
         return 1
     return 0
+
+
+def cause_line(err: ChildFailedError) -> str:
+    """The cause rank's own error line (see :func:`trainer.termination.record`), or one naming
+    how it ended when it left none (killed by a signal: the OOM killer, SIGKILL)."""
+    rank, failure = cause(err)
+    line = termination.line_of(failure.error_file_data)
+    if line is not None:
+        return line
+    code = exit_code_of(err)
+    how = (f"was killed by {failure.signal_name()}"
+           if failure.exitcode < 0 else f"exited with {code} without an error line")
+    return (f"error: rank {rank} {how} (exit {code}) (fix: its log shows its last words; "
+            "a SIGKILL is often the out-of-memory killer: raise the memory limit or lower "
+            "train.batch_size)")
