@@ -441,14 +441,14 @@ def test_alert_thresholds_and_durations_come_from_the_values(helm4: str) -> None
             "metrics.prometheusRule.alerts.lossExploding.factor=3",
             "metrics.prometheusRule.alerts.lossExploding.window=10m",
             "metrics.prometheusRule.alerts.lossExploding.resolution=5s",
-            "metrics.prometheusRule.alerts.restarting.count=1")
+            "metrics.prometheusRule.alerts.restarting.count=3")
     rule = one(render(helm4, sets=sets), "PrometheusRule")
     by_name = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
     stalled, exploding = by_name["DDPTrainerTrainingStalled"], by_name["DDPTrainerLossExploding"]
     assert ") > 30\n" in stalled["expr"] and stalled["for"] == "10s"
     assert "> 3 * min_over_time(" in exploding["expr"] and "[10m:5s])" in exploding["expr"]
     assert "of the last 10m" in exploding["annotations"]["description"]
-    assert by_name["DDPTrainerRestarting"]["expr"].rstrip().endswith(">= 1")
+    assert by_name["DDPTrainerRestarting"]["expr"].rstrip().endswith(">= 3")
 
 
 def test_a_malformed_alert_duration_fails_the_install(helm4: str) -> None:
