@@ -266,16 +266,23 @@ class Boom(nn.Module):
         if self.training:
             raise ValueError("boom: the user's model failed in training")
         return self.scale * torch.zeros(x.shape[0], self.num_classes)
+
+
+class Hog(Boom):
+    # 1.6 GB of activations on the first forward (the trainer's one-batch check).
+    def forward(self, x):
+        return super().forward(x) + torch.ones(400_000_000)[0]
 """
-USER_CODE: dict[str, Any] = {
-    "trainerConfig": {"model": {"name": "boom:Boom"}},
+USER_MODULE: dict[str, Any] = {
     "env": [{"name": "PYTHONPATH", "value": "/user"}],
     "extraVolumes": [{"name": "user", "configMap": {"name": "boom"}}],
     "extraVolumeMounts": [{"name": "user", "mountPath": "/user", "readOnly": True}]}
-# An MLP of 20000 x 20000 weights (1.6 GB of float32) under a 1 GiB limit: the kernel's OOM
-# killer ends the trainer while it builds the model, before it can say anything.
-OOM: dict[str, Any] = {"trainerConfig": {"model": {"hidden_sizes": [20000, 20000]}},
-                       "resources": {"limits": {"memory": "1Gi"}}}
+USER_CODE = merged(USER_MODULE, {"trainerConfig": {"model": {"name": "boom:Boom"}}})
+# A model whose forward allocates 1.6 GB under a 1 GiB limit: the kernel's OOM killer ends the
+# trainer before it can say anything. (Built-in models too large for the memory left fail
+# before they are built, exit 2: trainer/components/models.py.)
+OOM = merged(USER_MODULE, {"trainerConfig": {"model": {"name": "boom:Hog"}},
+                           "resources": {"limits": {"memory": "1Gi"}}})
 # (exit code, class in `jobs status`, text of the error line; None: no line, killed)
 CLASSES: dict[str, tuple[dict[str, Any], tuple[int, str, str | None]]] = {
     "config": ({"extraArgs": ["--set", "train.epochs=many"]}, (2, "config", "train.epochs")),
@@ -290,7 +297,7 @@ def test_each_exit_class_is_the_termination_message_and_named_by_jobs_status(
     releases: dict[str, Release] = {}
     for key, (values, _) in CLASSES.items():
         namespace = cluster.namespace(key)
-        if key == "usercode":
+        if key in ("usercode", "oom"):
             cluster.apply({"apiVersion": "v1", "kind": "ConfigMap",
                            "metadata": {"name": "boom", "namespace": namespace},
                            "data": {"boom.py": BOOM}})
