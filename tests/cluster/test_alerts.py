@@ -145,7 +145,13 @@ def test_a_worker_pod_deleted_mid_run_fires_the_restart_alert_at_the_chart_defau
         # The Worker's SIGTERM stops both ranks at one step: the Master restarts in place
         # (its count 0 -> 1 on its emptyDir), the Worker's new pod starts at 0.
         wait_until(lambda: uid(release, "worker") not in (None, worker), "a new Worker pod")
-        alert = wait_for_alert(release, "DDPTrainerRestarting", timeout=600)
+        selector = f'namespace="{release.namespace}",pytorchjob="{release.job}"'
+        try:
+            alert = wait_for_alert(release, "DDPTrainerRestarting", timeout=600)
+        except AssertionError as err:  # what Prometheus scraped of the ranks' counts
+            seen = query(f"max_over_time(trainer_restarts_total{{{selector}}}[1h])")
+            raise AssertionError(f"{err}; restarts scraped: {seen}; Master: "
+                                 f"{restarts(release, release.pod('master'))}") from None
         print(f"DDPTrainerRestarting firing {time.monotonic() - deleted:.0f} s after the "
               "Worker pod's deletion")
         assert float(alert["value"]) == 1.0, alert
