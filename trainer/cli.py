@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from trainer import __version__
+from trainer import __version__, termination
 from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
 from trainer.errors import RankLost, TrainerError, missing
@@ -277,8 +277,10 @@ class OneLineParser(argparse.ArgumentParser):
     are of this class too)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {' '.join(message.split())} (fix: see '{self.prog} --help' for "
-                     "the full usage)\n")
+        line = (f"error: {' '.join(message.split())} (fix: see '{self.prog} --help' for the "
+                "full usage)")
+        termination.write(line)
+        self.exit(2, line + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -385,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None else ""
-        print(f"{prefix}error: {err}", file=sys.stderr)
+        termination.report(f"{prefix}error: {err}")
         if isinstance(err, RankLost) or _group_kept():
             # A broken group's destructors may block on the dead peer or abort; a kept one
             # (preempted together) is left as after a completed run.

@@ -111,3 +111,18 @@ def missing(path: str | os.PathLike[str], fix: str) -> tuple[str, str]:
                     "chmod that folder (a+x), or run as a user who may enter it")
         return "does not exist", fix
     return "is not a regular file", fix
+
+
+KILLED_EXIT = 128 + int(signal.SIGKILL)
+"""A process killed by SIGKILL: the out-of-memory killer, or a kill from outside."""
+
+
+def exit_class(code: int, reason: str = "") -> str:
+    """What a rank's (or a container's) exit code means, as ``jobs status`` names it; `reason`
+    is the container runtime's (``OOMKilled`` for the kernel's out-of-memory kill)."""
+    if code == KILLED_EXIT:
+        return "OOM-killed" if reason == "OOMKilled" else "killed"
+    classes = {0: "completed", TrainerError.exit_code: "config",
+               TrainingDiverged.exit_code: "diverged", RankLost.exit_code: "lost peer",
+               USER_CODE_EXIT: "user code", Preempted.exit_code: "preempted"}
+    return classes.get(code, "OOM-killed" if reason == "OOMKilled" else "error")

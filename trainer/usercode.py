@@ -19,6 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
+from trainer import termination
 from trainer.errors import USER_CODE_EXIT, first_line
 
 _PACKAGE = str(Path(__file__).resolve().parent) + os.sep  # trainer/
@@ -106,9 +107,9 @@ def report(exc: BaseException) -> int | None:
         return None
     rank = os.environ.get("RANK")
     line = describe(exc, frame)
-    print(f"{f'[rank {rank}] ' if rank is not None else ''}error: {line} (fix: {FIX})",
-          file=sys.stderr)
     record(f"rank {rank}: {line}" if rank is not None else line)
+    termination.report(f"{f'[rank {rank}] ' if rank is not None else ''}error: {line} "
+                       f"(fix: {FIX})")
     return USER_CODE_EXIT
 
 

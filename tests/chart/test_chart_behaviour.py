@@ -91,6 +91,16 @@ def test_cpu_only_value_set_requests_no_gpu_and_keeps_cpu_memory_limits(helm4: s
         }
 
 
+def test_every_trainer_container_falls_back_to_its_log_for_the_termination_message(
+        helm4: str) -> None:
+    # The trainer writes its error line to /dev/termination-log; a container killed before it
+    # could (the OOM killer) still shows why in `kubectl describe pod`: its log's tail.
+    for template in pod_templates(one(render(helm4), "PyTorchJob")).values():
+        assert trainer_container(template)["terminationMessagePolicy"] == \
+            "FallbackToLogsOnError"
+        assert "terminationMessagePath" not in trainer_container(template)  # the default
+
+
 def test_zero_workers_runs_the_master_alone(helm4: str) -> None:
     job = job_of(helm4, sets=("worker.replicas=0",))
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
@@ -432,14 +442,14 @@ def test_alert_thresholds_and_durations_come_from_the_values(helm4: str) -> None
             "metrics.prometheusRule.alerts.lossExploding.factor=3",
             "metrics.prometheusRule.alerts.lossExploding.window=10m",
             "metrics.prometheusRule.alerts.lossExploding.resolution=5s",
-            "metrics.prometheusRule.alerts.restarting.count=1")
+            "metrics.prometheusRule.alerts.restarting.count=3")
     rule = one(render(helm4, sets=sets), "PrometheusRule")
     by_name = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
     stalled, exploding = by_name["DDPTrainerTrainingStalled"], by_name["DDPTrainerLossExploding"]
     assert ") > 30\n" in stalled["expr"] and stalled["for"] == "10s"
     assert "> 3 * min_over_time(" in exploding["expr"] and "[10m:5s])" in exploding["expr"]
     assert "of the last 10m" in exploding["annotations"]["description"]
-    assert by_name["DDPTrainerRestarting"]["expr"].rstrip().endswith(">= 1")
+    assert by_name["DDPTrainerRestarting"]["expr"].rstrip().endswith(">= 3")
 
 
 def test_a_malformed_alert_duration_fails_the_install(helm4: str) -> None:

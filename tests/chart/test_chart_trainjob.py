@@ -180,6 +180,7 @@ def test_create_runtime_renders_a_training_runtime_with_the_whole_pod(helm4: str
         "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
     assert rjob["template"]["spec"]["backoffLimit"] == 5
     pod = trainjob_pod(docs)
+    assert node(pod)["terminationMessagePolicy"] == "FallbackToLogsOnError"
     spec = pod["spec"]
     assert spec["priorityClassName"] == "training-high"
     assert spec["runtimeClassName"] == "nvidia"

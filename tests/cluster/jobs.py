@@ -253,3 +253,24 @@ def assert_logs_by_rank(release: Release) -> None:
     assert "[rank 0" in ranks and ranks <= {"[rank 0", "[rank 1"}, logs.stdout[-2000:]
     assert "done:" in logs.stdout
     assert "[rank 0] [rank 0]" not in logs.stdout
+
+
+def terminated(release: Release, pod: str) -> dict[str, Any]:
+    """The trainer container's `state.terminated` (else `lastState.terminated`) as `kubectl get
+    pod -o json` shows it: exitCode, reason, message."""
+    status = release.cluster.get("pod", pod, release.namespace)["status"]
+    (container,) = status["containerStatuses"]
+    found = (container.get("state", {}).get("terminated")
+             or container.get("lastState", {}).get("terminated"))
+    assert found, container
+    return dict(found)
+
+
+def status_terminations(release: Release) -> dict[str, list[str]]:
+    """`jobs status`'s Terminated section: pod name -> [NAME, PHASE, EXIT, CLASS, RESTARTS,
+    WHEN, MESSAGE] (columns three spaces apart)."""
+    proc = jobs("status", release.job, "-n", release.namespace)
+    assert proc.returncode == 0, proc.stderr
+    assert "Terminated:\n" in proc.stdout, proc.stdout
+    rows = proc.stdout.split("Terminated:\n")[1].splitlines()[1:]
+    return {cells[0]: cells for cells in (re.split(r"\s{3,}", row.strip()) for row in rows)}

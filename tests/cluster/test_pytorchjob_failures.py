@@ -20,6 +20,8 @@ from tests.cluster.jobs import (
     kill_container,
     master_checkpoints,
     restarts,
+    status_terminations,
+    terminated,
     uid,
     wait_for_checkpoints,
     wait_until,
@@ -85,13 +87,12 @@ def test_a_sigkilled_worker_restarts_in_place_and_the_run_ends_as_uninterrupted(
 
 def test_every_pod_deleted_resumes_from_the_checkpoint_claim_as_uninterrupted_and_alerts(
         cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
-    # DDPTrainerRestarting at one restart instead of two: the pods made anew are new series
-    # (new pod IPs) that start at the ranks' restart count, 1. Resumed, they train for only
-    # about 10 s: scraped every 5 s and serving on for 20 s after training, their count is
-    # scraped (a CI run with 15 s scrapes and no linger never saw it).
+    # DDPTrainerRestarting at its default, one restart: the pods made anew are new series
+    # (new pod IPs) that start at the ranks' restart count, 1, kept on the claim. Resumed, they
+    # train for only about 10 s: scraped every 5 s and serving on for 20 s after training,
+    # their count is scraped (a CI run with 15 s scrapes and no linger never saw it).
     release = run(cluster, chart_ref, tmp_path, "drain", KEEP_RESULTS, FAST_SCRAPES,
-                  {"trainerConfig": {"metrics": {"linger_seconds": 20}}},
-                  alerts_values(restarting={"count": 1}))
+                  {"trainerConfig": {"metrics": {"linger_seconds": 20}}})
     step = wait_for_checkpoints(release, MID_RUN)
     cluster.kubectl("delete", "pod", "-n", release.namespace, "-l",
                     f"training.kubeflow.org/job-name={release.job}", "--wait=false")
@@ -221,6 +222,10 @@ def test_exit_code_policy_fails_the_job_at_once_on_exit_3(
     assert kept, "no pod of the failed job is left"
     log = cluster.logs(kept[0], release.namespace)
     assert "loss became" in log, log[-2000:]
+    # The rank's error line is its container's termination message, classed by `jobs status`.
+    line = terminated(release, kept[0])["message"].strip()
+    assert "error: training loss became" in line and line in log, (line, log[-2000:])
+    assert status_terminations(release)[kept[0]][2:4] == ["3", "diverged"]
 
 
 def test_exit_code_policy_a_sigkilled_worker_fails_the_job_through_the_masters_exit_4(
@@ -235,3 +240,89 @@ def test_exit_code_policy_a_sigkilled_worker_fails_the_job_through_the_masters_e
     master = cluster.get("pod", release.pod("master"), release.namespace)
     (status,) = master["status"]["containerStatuses"]
     assert status["state"]["terminated"]["exitCode"] == 4, status
+    line = status["state"]["terminated"]["message"]
+    assert "error: " in line and "(fix: " in line, status
+    cells = status_terminations(release)[release.pod("master")]
+    assert cells[2:4] == ["4", "lost peer"] and cells[6] == line.strip(), cells
+
+
+# Why a rank failed, where users look: each class of exit in the container's termination
+# message (`kubectl describe pod`) and `jobs status`. Four Master-only jobs at once, never
+# restarted; exit 3 and exit 4 are the ExitCode tests' above.
+ALONE: dict[str, Any] = {"worker": {"replicas": 0}, "restartPolicy": "Never"}
+BOOM = """
+import torch
+from torch import nn
+
+
+class Boom(nn.Module):
+    # Passes the trainer's one-batch check (eval mode); raises in the first training step.
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.num_classes = num_classes
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        if self.training:
+            raise ValueError("boom: the user's model failed in training")
+        return self.scale * torch.zeros(x.shape[0], self.num_classes)
+
+
+class Hog(Boom):
+    # 1.6 GB of activations on the first forward (the trainer's one-batch check).
+    def forward(self, x):
+        return super().forward(x) + torch.ones(400_000_000)[0]
+"""
+USER_MODULE: dict[str, Any] = {
+    "env": [{"name": "PYTHONPATH", "value": "/user"}],
+    "extraVolumes": [{"name": "user", "configMap": {"name": "boom"}}],
+    "extraVolumeMounts": [{"name": "user", "mountPath": "/user", "readOnly": True}]}
+USER_CODE = merged(USER_MODULE, {"trainerConfig": {"model": {"name": "boom:Boom"}}})
+# A model whose forward allocates 1.6 GB under a 1 GiB limit: the kernel's OOM killer ends the
+# trainer before it can say anything. (Built-in models too large for the memory left fail
+# before they are built, exit 2: trainer/components/models.py.)
+OOM = merged(USER_MODULE, {"trainerConfig": {"model": {"name": "boom:Hog"}},
+                           "resources": {"limits": {"memory": "1Gi"}}})
+# (exit code, class in `jobs status`, text of the error line; None: no line, killed)
+CLASSES: dict[str, tuple[dict[str, Any], tuple[int, str, str | None]]] = {
+    "config": ({"extraArgs": ["--set", "train.epochs=many"]}, (2, "config", "train.epochs")),
+    "usercode": (USER_CODE, (5, "user code", "user code raised ValueError: boom")),
+    "sigterm": ({}, (143, "preempted", "stopped by SIGTERM at step")),
+    "oom": (OOM, (137, "OOM-killed", None)),
+}
+
+
+def test_each_exit_class_is_the_termination_message_and_named_by_jobs_status(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    releases: dict[str, Release] = {}
+    for key, (values, _) in CLASSES.items():
+        namespace = cluster.namespace(key)
+        if key in ("usercode", "oom"):
+            cluster.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "boom", "namespace": namespace},
+                           "data": {"boom.py": BOOM}})
+        releases[key] = Release(cluster, release_name(), namespace,
+                                merged(FAILOVER, ALONE, values))
+        releases[key].install(chart_ref, tmp=tmp_path)
+    wait_for_checkpoints(releases["sigterm"], 1)
+    kill_container(releases["sigterm"], releases["sigterm"].pod("master"), "SIGTERM")
+    for key, release in releases.items():
+        release.wait_condition("Failed")
+        code, name, text = CLASSES[key][1]
+        master = release.pod("master")
+        ended = terminated(release, master)
+        assert ended["exitCode"] == code, (key, ended)
+        cells = status_terminations(release)[master]
+        assert cells[2:4] == [str(code), name], (key, cells)
+        if text is None:  # killed: the reason says why; the message is the log's tail
+            assert ended["reason"] == "OOMKilled", (key, ended)
+            continue
+        line = ended["message"].strip()
+        assert line.startswith("[rank 0] error: ") and text in line and "(fix: " in line, \
+            (key, ended)
+        assert cells[6] == line, (key, cells)
+    described = cluster.kubectl("describe", "pod", releases["config"].pod("master"), "-n",
+                                releases["config"].namespace).stdout
+    assert "train.epochs" in described, described
+    for release in releases.values():
+        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false")

@@ -290,7 +290,10 @@ def job(name: str, namespace: str = "training", *, workers: int = 2, gpus: int =
 
 def pod(job_name: str, replica_type: str, index: int, namespace: str = "training", *,
         node: str = "gpu-node-1", phase: str = "Running", restarts: int = 0,
-        waiting: str | None = None) -> dict[str, Any]:
+        waiting: str | None = None, terminated: dict[str, Any] | None = None,
+        last_terminated: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A pod of the job; `terminated` / `last_terminated`: its container's
+    ``state.terminated`` / ``lastState.terminated`` (exitCode, reason, message)."""
     labels = {
         JOB_NAME: job_name,
         REPLICA_TYPE: replica_type,
@@ -301,8 +304,10 @@ def pod(job_name: str, replica_type: str, index: int, namespace: str = "training
         labels["training.kubeflow.org/job-role"] = "master"
     state: dict[str, Any] = (
         {"waiting": {"reason": waiting}} if waiting
+        else {"terminated": terminated} if terminated
         else {"running": {"startedAt": stamp(T0 + dt.timedelta(seconds=10))}}
     )
+    last = {"terminated": last_terminated} if last_terminated else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -317,7 +322,7 @@ def pod(job_name: str, replica_type: str, index: int, namespace: str = "training
             "containerStatuses": [{
                 "name": "pytorch", "image": "ghcr.io/ddp-trainer/ddp-trainer:0.1.0",
                 "imageID": "", "ready": waiting is None and phase == "Running",
-                "restartCount": restarts, "state": state,
+                "restartCount": restarts, "state": state, "lastState": last,
             }],
         },
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -204,3 +205,46 @@ def test_logs_of_pods_with_several_ranks_name_the_rank_range(ddp, cluster: FakeC
     assert "Ranks/pod:   4" in status
     assert [line.split()[0] for line in status.split("Pods:")[1].splitlines()[2:]] == [
         "0-3", "4-7"]
+
+
+def ended(code: int, reason: str, message: str) -> dict[str, object]:
+    """A container's terminated state as the kubelet reports it."""
+    return {"exitCode": code, "reason": reason, "message": message,
+            "startedAt": "2026-01-01T12:00:10Z", "finishedAt": "2026-01-01T12:01:00Z"}
+
+
+def test_status_shows_each_pods_exit_class_and_termination_message(
+        ddp, cluster: FakeCluster) -> None:
+    from tests.jobs.cluster import job
+
+    cluster.add_job(job("crashed", workers=2, gpus=0, state="Failed"))
+    diverged = ("[rank 0] error: training loss became nan on rank 0 by step 12 (fix: lower "
+                "--lr or check the data for extreme values)")
+    cluster.add_pod(pod("crashed", "master", 0, phase="Failed",
+                        terminated=ended(3, "Error", diverged + "\n")))
+    # OOM-killed once (FallbackToLogsOnError: the log's tail), restarted, running again.
+    cluster.add_pod(pod("crashed", "worker", 0, restarts=1, last_terminated=ended(
+        137, "OOMKilled", "INFO epoch 1\nINFO step 40 loss=0.3\n")))
+    cluster.add_pod(pod("crashed", "worker", 1, phase="Failed", terminated=ended(
+        4, "Error", "[rank 2] error: rank 0 stopped responding (fix: see its log)")))
+    result = ddp("status", "crashed")
+    assert result.code == 0, result.err
+    section = result.out.split("Terminated:\n")[1].splitlines()
+    assert section[0].split() == ["NAME", "PHASE", "EXIT", "CLASS", "RESTARTS", "WHEN",
+                                  "MESSAGE"]
+    # columns are three spaces apart; a cell (a class, a message) may hold single spaces
+    rows = {cells[0]: cells for cells in (re.split(r"\s{3,}", line.strip())
+                                          for line in section[1:])}
+    assert rows == {
+        "crashed-master-0": ["crashed-master-0", "Failed", "3", "diverged", "0", "now",
+                             diverged],
+        "crashed-worker-0": ["crashed-worker-0", "Running", "137", "OOM-killed", "1",
+                             "last run", "INFO step 40 loss=0.3"],
+        "crashed-worker-1": ["crashed-worker-1", "Failed", "4", "lost peer", "0", "now",
+                             "[rank 2] error: rank 0 stopped responding (fix: see its log)"]}
+
+
+def test_status_of_pods_that_never_ended_has_no_terminated_section(ddp) -> None:
+    result = ddp("status", "mnist")
+    assert result.code == 0, result.err
+    assert "Terminated:" not in result.out

@@ -133,4 +133,22 @@ def job_status(job: JobView, pods: Sequence[PodView]) -> str:
         )
     else:
         lines.append("  <none>")
+    lines += terminations(pods)
     return "\n".join(lines)
+
+
+def terminations(pods: Sequence[PodView]) -> list[str]:
+    """How each pod's trainer last ended: exit code, its class, the restarts and the
+    termination message (the error line the trainer wrote, or the log's tail); no lines when
+    no container has ended."""
+    ended = [p for p in pods if p.terminated is not None]
+    if not ended:
+        return []
+    rows = []
+    for pod in ended:
+        t = pod.terminated
+        assert t is not None
+        rows.append([pod.name, pod.phase, str(t.exit_code), t.exit_class, str(pod.restarts),
+                     "last run" if t.previous else "now", t.line])
+    return ["Terminated:", table(["NAME", "PHASE", "EXIT", "CLASS", "RESTARTS", "WHEN",
+                                  "MESSAGE"], rows, indent="  ")]

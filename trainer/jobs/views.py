@@ -10,6 +10,7 @@ import datetime as dt
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trainer.errors import exit_class
 from trainer.jobs.kinds import (
     LABEL_COMPLETION_INDEX,
     LABEL_INDEX,
@@ -118,6 +119,27 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class Termination:
+    """How the pod's trainer container last ended (``state.terminated``, else
+    ``lastState.terminated`` of a container restarted since)."""
+
+    exit_code: int
+    reason: str  # the runtime's: Error, OOMKilled, Completed
+    message: str  # the termination message: the trainer's error line, or the log's tail
+    previous: bool  # from lastState: the container has restarted since
+
+    @property
+    def exit_class(self) -> str:
+        return exit_class(self.exit_code, self.reason)
+
+    @property
+    def line(self) -> str:
+        """The message's last non-empty line (the log's tail ends with the cause)."""
+        lines = [line.strip() for line in self.message.splitlines() if line.strip()]
+        return lines[-1] if lines else f"<no message> (reason {self.reason or 'unknown'})"
+
+
+@dataclass(frozen=True)
 class PodView:
     name: str
     replica_type: str  # lower case, as in the pod label: "master" / "worker"
@@ -133,6 +155,7 @@ class PodView:
     node_rank: int = 0
     ranks_per_pod: int = 1
     container: str = PYTORCHJOB.container
+    terminated: Termination | None = None
 
     @property
     def first_rank(self) -> int:
@@ -267,7 +290,20 @@ def pod_view(pod: Any, kind: Kind = PYTORCHJOB) -> PodView:
         started=_aware(pod.status.start_time if pod.status else None),
         waiting_reason=str(waiting.reason or "") if waiting is not None else "",
         container=kind.container,
+        terminated=_termination(main),
     )
+
+
+def _termination(status: Any) -> Termination | None:
+    """The container's current terminated state, else its last one (a V1ContainerStatus)."""
+    if status is None:
+        return None
+    for previous, state in ((False, status.state), (True, status.last_state)):
+        ended = state.terminated if state is not None else None
+        if ended is not None:
+            return Termination(exit_code=_int(ended.exit_code), reason=str(ended.reason or ""),
+                               message=str(ended.message or ""), previous=previous)
+    return None
 
 
 def with_pod_counts(job: JobView, pods: list[PodView]) -> JobView:

@@ -22,7 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
-from trainer import usercode
+from trainer import termination, usercode
 from trainer.distributed import threads
 from trainer.errors import USER_CODE_EXIT, TrainerError, UserCodeError, first_line
 
@@ -192,14 +192,22 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
     threads.for_launcher(nproc)
     config, cmd, cmd_args = config_from_args(args)
     os.environ.update(env)
+    # One termination message for the container, the launcher's: its ranks record their
+    # lines for it in their error files instead of racing for the file.
+    message, os.environ[termination.ENV] = termination.target(), ""
     # SIGTERM (pod eviction) goes to the agent; it forwards it to the ranks, which checkpoint
     # and exit (docs/checkpoints.md).
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
         report_user_code(err)
+        termination.write(cause_line(err), message)
         return exit_code_of(err)
     except SignalException as err:  # SIGTERM/SIGINT to the agent: it stopped the ranks
+        termination.write(f"error: stopped by {signal.Signals(err.sigval).name}, as a "
+                          "preemption or eviction stops a pod; the ranks were stopped (fix: "
+                          "nothing to fix: restarting resumes from the newest checkpoint)",
+                          message)
         return 128 + int(err.sigval)
     except BaseException as err:  # the agent's own failures (rendezvous, starting a rank, ...)
         # The agent stops its ranks only once all have started: one failing to start (fork
@@ -208,8 +216,25 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
         if debug or not isinstance(err, Exception):
             raise
         text = f"{type(err).__name__}: {first_line(err, 200)}"
-        print(f"error: launcher failed: {text}; the {stopped} ranks it had started were stopped "
-              "(fix: rerun with --debug for details; if a rank could not start, use fewer "
-              "--nproc-per-node)", file=sys.stderr)
+        line = (f"error: launcher failed: {text}; the {stopped} ranks it had started were stopped "
+                "(fix: rerun with --debug for details; if a rank could not start, use fewer "
+                "--nproc-per-node)")
+        print(line, file=sys.stderr)
+        termination.write(line, message)
         return 1
     return 0
+
+
+def cause_line(err: ChildFailedError) -> str:
+    """The cause rank's own error line (see :func:`trainer.termination.record`), or one naming
+    how it ended when it left none (killed by a signal: the OOM killer, SIGKILL)."""
+    rank, failure = cause(err)
+    line = termination.line_of(failure.error_file_data)
+    if line is not None:
+        return line
+    code = exit_code_of(err)
+    how = (f"was killed by {failure.signal_name()}"
+           if failure.exitcode < 0 else f"exited with {code} without an error line")
+    return (f"error: rank {rank} {how} (exit {code}) (fix: its log shows its last words; "
+            "a SIGKILL is often the out-of-memory killer: raise the memory limit or lower "
+            "train.batch_size)")

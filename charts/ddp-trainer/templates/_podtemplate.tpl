@@ -253,6 +253,10 @@ spec:
     - name: {{ include "ddp-trainer.containerName" $root }}
       image: {{ include "ddp-trainer.image" $root | quote }}
       imagePullPolicy: {{ $v.image.pullPolicy }}
+      # The trainer writes its one-line error to /dev/termination-log (kubectl describe pod,
+      # ddp-trainer jobs status); a container killed before it could (OOM, SIGKILL) shows the
+      # tail of its log instead.
+      terminationMessagePolicy: FallbackToLogsOnError
       command: ["ddp-trainer"]
       args:
         {{- include "ddp-trainer.args" $root | trim | nindent 8 }}

@@ -1,0 +1,83 @@
+"""The one-line error left as the container's termination message (trainer/termination.py):
+written into the file the kubelet made, one message per container under `run`, nothing
+written where no such file exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from tests.conftest import run_cli
+from trainer import termination
+from trainer.errors import exit_class
+from trainer.ranks.launcher import cause_line
+
+
+def kubelet_file(tmp_path: Path) -> Path:
+    """An empty termination message file, as the kubelet makes it before the container."""
+    path = tmp_path / "termination-log"
+    path.touch()
+    return path
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error: " in line]
+
+
+def test_a_config_error_is_the_termination_message_exactly_as_printed(tmp_path: Path) -> None:
+    path = kubelet_file(tmp_path)
+    proc = run_cli("train", "--set", "train.epochs=many", "--output-dir", str(tmp_path / "o"),
+                   env={termination.ENV: str(path)})
+    assert proc.returncode == 2
+    (line,) = error_lines(proc.stderr)
+    assert path.read_text() == line + "\n"
+    assert "train.epochs" in line and "(fix: " in line
+
+
+def test_a_usage_error_is_the_termination_message_too(tmp_path: Path) -> None:
+    path = kubelet_file(tmp_path)
+    proc = run_cli("train", "--epochs", "x", env={termination.ENV: str(path)})
+    assert proc.returncode == 2
+    assert path.read_text() == proc.stderr
+
+
+def test_no_file_is_created_where_the_kubelet_made_none(tmp_path: Path) -> None:
+    path = tmp_path / "termination-log"
+    proc = run_cli("train", "--set", "train.epochs=many", env={termination.ENV: str(path)})
+    assert proc.returncode == 2
+    assert not path.exists()
+
+
+def test_run_leaves_one_message_the_cause_ranks_line(tmp_path: Path) -> None:
+    path = kubelet_file(tmp_path)
+    proc = run_cli("run", "--nproc-per-node", "2", "--dataset", "synthetic", "--lr", "1e30",
+                   "--output-dir", str(tmp_path / "out"), "--metrics-port", "0",
+                   env={termination.ENV: str(path)})
+    assert proc.returncode == 3
+    message = path.read_text()
+    assert message.count("\n") == 1 and "loss became" in message, message
+    assert message.rstrip("\n") in error_lines(proc.stderr), (message, proc.stderr)
+    assert exit_class(proc.returncode) == "diverged"
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_its_exit(tmp_path: Path) -> None:
+    # Killed (the OOM killer's SIGKILL) it left no line: the launcher names the rank and how.
+    killed = ProcessFailure(local_rank=1, pid=4242, exitcode=-9,
+                            error_file=str(tmp_path / "none.json"))
+    err = ChildFailedError("trainer", {1: killed})
+    line = cause_line(err)
+    assert line.startswith("error: rank 1 was killed by SIGKILL (exit 137)"), line
+    assert "(fix: " in line
+
+
+def test_the_termination_message_is_cut_to_the_kubelets_4096_bytes(tmp_path: Path) -> None:
+    path = kubelet_file(tmp_path)
+    termination.write("é" * 3000, path)  # 6000 bytes
+    assert len(path.read_bytes()) <= termination.LIMIT
+
+
+def test_exit_classes_name_each_documented_exit_code() -> None:
+    assert [exit_class(code) for code in (2, 3, 4, 5, 143, 137, 1)] == [
+        "config", "diverged", "lost peer", "user code", "preempted", "killed", "error"]
+    assert exit_class(137, "OOMKilled") == "OOM-killed"

@@ -1,0 +1,76 @@
+"""The one-line error where users look: printed on stderr, and left as the container's
+termination message, which ``kubectl describe pod`` and ``ddp-trainer jobs status`` show.
+
+The kubelet creates the file at the container's ``terminationMessagePath`` (default
+``/dev/termination-log``) before the container starts and reads at most 4096 bytes of it after
+the container ends (Kubernetes docs, "Determine the Reason for Pod Failure"). The line is
+written only into a file that already exists: nothing is created outside a container.
+Under ``ddp-trainer run`` the launcher writes the message, the cause rank's line (see
+:func:`trainer.ranks.launcher.launch`); its ranks leave their lines in torch elastic's error file
+instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ENV = "DDP_TRAINER_TERMINATION_LOG"
+"""The termination message file; empty: write none (the launcher's ranks)."""
+DEFAULT = "/dev/termination-log"
+LIMIT = 4096
+"""Bytes the kubelet reads of the file."""
+LINE_KEY = "line"
+"""The printed line, beside the message in torch elastic's error file."""
+
+
+def report(line: str) -> None:
+    """Print `line` on stderr and leave it where Kubernetes and the launcher read it."""
+    print(line, file=sys.stderr)
+    write(line)
+    record(line)
+
+
+def target() -> Path | None:
+    """The termination message file this process writes, if any: it exists (in a container)."""
+    name = os.environ.get(ENV, DEFAULT)
+    return Path(name) if name and Path(name).is_file() else None
+
+
+def write(line: str, path: Path | None = None) -> None:
+    """`line` as the container's termination message, into `path` (default: :func:`target`)."""
+    path = path or target()
+    if path is None:
+        return
+    data = line.encode("utf-8")[:LIMIT - 1].decode("utf-8", "ignore")
+    with contextlib.suppress(OSError):  # read-only or gone: the printed line still tells
+        path.write_text(data + "\n", encoding="utf-8")
+
+
+def record(line: str) -> None:
+    """`line` into torch elastic's error file (``TORCHELASTIC_ERROR_FILE``, set by the agent
+    for each rank), kept beside a message already there: the launcher reads it as the rank's
+    failure (:attr:`ProcessFailure.error_file_data`)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data: dict[str, object] = {}
+    with contextlib.suppress(OSError, ValueError):
+        found = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = found if isinstance(found, dict) else {}
+    data.setdefault("message", line)
+    data.setdefault("timestamp", int(time.time()))
+    data[LINE_KEY] = line
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps(data), encoding="utf-8")
+
+
+def line_of(error_file_data: object) -> str | None:
+    """The line a rank recorded (see :func:`record`), or None."""
+    if isinstance(error_file_data, dict) and isinstance(error_file_data.get(LINE_KEY), str):
+        return str(error_file_data[LINE_KEY])
+    return None
