@@ -141,11 +141,13 @@ def job_alerts(release: Release, alert: str) -> list[dict[str, Any]]:
 
 
 def wait_for_alert(release: Release, alert: str, state: str = "firing",
-                   timeout: float = 120) -> dict[str, Any]:
-    """The first of the job's `alert` alerts in `state` (pending, firing)."""
+                   timeout: float = 120, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The first of the job's `alert` alerts in `state` (pending, firing) that has `labels`
+    (Prometheus lists a rule's alerts in no set order: one per split, rank, ...)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = [a for a in job_alerts(release, alert) if a["state"] == state]
+        found = [a for a in job_alerts(release, alert) if a["state"] == state
+                 and all(a["labels"].get(k) == v for k, v in (labels or {}).items())]
         if found:
             return found[0]
         time.sleep(1)
