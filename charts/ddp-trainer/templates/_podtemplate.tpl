@@ -76,7 +76,7 @@ threads (trainer/distributed/threads.py); passed only when set, as the downward 
 the node's allocatable CPU for a missing limit.
 */}}
 {{- define "ddp-trainer.env" -}}
-{{- $resources := default dict .Values.resources }}
+{{- $resources := default dict .Values.resources -}}
 - name: HOME
   value: /tmp
 - name: XDG_CACHE_HOME
