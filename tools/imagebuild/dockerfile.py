@@ -39,16 +39,15 @@ class Stage:
         return [i for i in self.instructions if i.keyword == keyword]
 
     def env(self) -> dict[str, str]:
-        values: dict[str, str] = {}
-        for instruction in self.all("ENV"):
-            for word in instruction.words():
-                key, _, value = word.partition("=")
-                values[key] = value
-        return values
+        return self._pairs("ENV")
 
     def labels(self) -> dict[str, str]:
+        return self._pairs("LABEL")
+
+    def _pairs(self, keyword: str) -> dict[str, str]:
+        """The KEY=VALUE words of every `keyword` instruction, a later key winning."""
         values: dict[str, str] = {}
-        for instruction in self.all("LABEL"):
+        for instruction in self.all(keyword):
             for word in instruction.words():
                 key, _, value = word.partition("=")
                 values[key] = value
