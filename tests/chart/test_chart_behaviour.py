@@ -79,7 +79,8 @@ def test_at_most_one_gpu_runs_a_single_rank_with_train(helm4: str, gpus: int) ->
             assert limits["nvidia.com/gpu"] == 1
         else:
             assert "nvidia.com/gpu" not in limits
-            assert "tolerations" not in template["spec"]
+            tolerations = template["spec"].get("tolerations", [])
+            assert all(t["key"] != "nvidia.com/gpu" for t in tolerations), tolerations
 
 
 def test_cpu_only_value_set_requests_no_gpu_and_keeps_cpu_memory_limits(helm4: str) -> None:
@@ -299,7 +300,9 @@ def test_scheduling_values_reach_every_pod(helm4: str) -> None:
         assert spec["priorityClassName"] == "training-high"
         assert spec["runtimeClassName"] == "nvidia"
         assert spec["affinity"]["podAntiAffinity"]
-        assert [t["key"] for t in spec["tolerations"]] == ["nvidia.com/gpu", "dedicated"]
+        assert [t["key"] for t in spec["tolerations"]] == [
+            "nvidia.com/gpu", "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
+            "dedicated"]
         assert spec["imagePullSecrets"] == [{"name": "regcred"}]
         assert template["metadata"]["labels"]["team"] == "ml"
 
@@ -612,3 +615,51 @@ def test_an_unset_cpu_limit_is_not_passed_as_the_nodes_cpu(helm4: str) -> None:
     for template in pod_templates(job).values():
         assert list(cpu_env(trainer_container(template))) == [
             "DDP_TRAINER_CPU_REQUEST_MILLICORES"]
+
+
+# --- nodes: spreading the pods, leaving a lost node -------------------------------------------
+
+NODE_LOSS = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"]
+HOSTNAME_TERM = {"topologyKey": "kubernetes.io/hostname",
+                 "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "ddp-trainer",
+                                                   "app.kubernetes.io/instance": RELEASE}}}
+
+
+def node_loss_tolerations(spec: dict) -> dict[str, int | None]:
+    return {t["key"]: t.get("tolerationSeconds") for t in spec.get("tolerations", [])
+            if t["key"] in NODE_LOSS and t["effect"] == "NoExecute"}
+
+
+def test_every_pod_leaves_a_lost_node_after_60_s_by_default_or_the_value_set(
+        helm4: str) -> None:
+    for sets, want in (((), 60), (("nodeLossToleranceSeconds=5",), 5)):
+        for template in pod_templates(job_of(helm4, sets=sets)).values():
+            assert node_loss_tolerations(template["spec"]) == dict.fromkeys(NODE_LOSS, want)
+        trainjob = trainjob_pod(render(helm4, sets=("apiKind=TrainJob", *sets)))
+        assert node_loss_tolerations(trainjob["spec"]) == dict.fromkeys(NODE_LOSS, want)
+    # null: the cluster's DefaultTolerationSeconds (300 s) decides, as for any pod
+    for template in pod_templates(job_of(helm4, sets=("nodeLossToleranceSeconds=null",))).values():
+        assert node_loss_tolerations(template["spec"]) == {}
+
+
+def test_spread_across_nodes_adds_a_hostname_anti_affinity_term_to_the_affinity_value(
+        helm4: str) -> None:
+    for template in pod_templates(job_of(helm4)).values():
+        assert "affinity" not in template["spec"]
+    required = job_of(helm4, sets=("spreadAcrossNodes=required",))
+    for template in pod_templates(required).values():
+        anti = template["spec"]["affinity"]["podAntiAffinity"]
+        assert anti == {"requiredDuringSchedulingIgnoredDuringExecution": [HOSTNAME_TERM]}
+    # preferred, in a TrainJob, beside a user's own anti-affinity term (kept)
+    own = {"topologyKey": "topology.kubernetes.io/zone",
+           "labelSelector": {"matchLabels": {"team": "ml"}}}
+    pod = trainjob_pod(render(helm4, sets=(
+        "apiKind=TrainJob", "spreadAcrossNodes=preferred",
+        "affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0]"
+        ".topologyKey=topology.kubernetes.io/zone",
+        "affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0]"
+        ".labelSelector.matchLabels.team=ml")))
+    anti = pod["spec"]["affinity"]["podAntiAffinity"]
+    assert anti["requiredDuringSchedulingIgnoredDuringExecution"] == [own]
+    assert anti["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {"weight": 100, "podAffinityTerm": HOSTNAME_TERM}]

@@ -46,6 +46,9 @@ BAD_VALUES = {
                                     "existingClaim"),
     "existing-claim-too-long": (["--set", f"persistence.outputs.existingClaim={'a' * 254}"],
                                 "existingClaim"),
+    "unknown-spread-mode": (["--set", "spreadAcrossNodes=always"], "spreadAcrossNodes"),
+    "negative-node-loss-toleration": (["--set", "nodeLossToleranceSeconds=-5"],
+                                      "nodeLossToleranceSeconds"),
 }
 
 

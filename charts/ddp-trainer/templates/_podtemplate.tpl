@@ -39,8 +39,36 @@ Tolerations (a YAML list; empty when there are none).
 {{- if and $v.gpuToleration (gt (int $v.gpusPerReplica) 0) }}
 {{- $tolerations = append $tolerations (dict "key" $v.gpuResourceName "operator" "Exists" "effect" "NoSchedule") }}
 {{- end }}
+{{- if not (kindIs "invalid" $v.nodeLossToleranceSeconds) }}
+{{- range list "node.kubernetes.io/not-ready" "node.kubernetes.io/unreachable" }}
+{{- $tolerations = append $tolerations (dict "key" . "operator" "Exists" "effect" "NoExecute" "tolerationSeconds" (int $v.nodeLossToleranceSeconds)) }}
+{{- end }}
+{{- end }}
 {{- $tolerations = concat $tolerations $v.tolerations }}
 {{- with $tolerations }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Affinity: the `affinity` value and, with spreadAcrossNodes, a podAntiAffinity term on
+kubernetes.io/hostname over this release's pods (YAML; empty when there is none). Anti-affinity
+rather than topologySpreadConstraints: a TrainJob's runtime patch has no field for the latter.
+*/}}
+{{- define "ddp-trainer.affinity" -}}
+{{- $v := .Values }}
+{{- $affinity := deepCopy $v.affinity }}
+{{- with $v.spreadAcrossNodes }}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "ddp-trainer.selectorLabels" $ | fromYaml)) }}
+{{- $anti := deepCopy (get $affinity "podAntiAffinity" | default dict) }}
+{{- if eq . "required" }}
+{{- $_ := set $anti "requiredDuringSchedulingIgnoredDuringExecution" (append (get $anti "requiredDuringSchedulingIgnoredDuringExecution" | default list) $term) }}
+{{- else }}
+{{- $_ := set $anti "preferredDuringSchedulingIgnoredDuringExecution" (append (get $anti "preferredDuringSchedulingIgnoredDuringExecution" | default list) (dict "weight" 100 "podAffinityTerm" $term)) }}
+{{- end }}
+{{- $_ := set $affinity "podAntiAffinity" $anti }}
+{{- end }}
+{{- with $affinity }}
 {{- toYaml . }}
 {{- end }}
 {{- end }}
@@ -241,9 +269,9 @@ spec:
   nodeSelector:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $v.affinity }}
+  {{- with (include "ddp-trainer.affinity" $root | trim) }}
   affinity:
-    {{- toYaml . | nindent 4 }}
+    {{- . | nindent 4 }}
   {{- end }}
   {{- with (include "ddp-trainer.tolerations" $root | trim) }}
   tolerations:
