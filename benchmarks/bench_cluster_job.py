@@ -22,7 +22,14 @@ Reported: wall time from `helm install` / `kubectl apply` to `Succeeded` and the
 samples/s each job logs (ours: the `done:` line; plain: the script's own count over its
 training loop), as medians over alternating runs, and the ratios ours / plain.
 
+Each run's namespace is deleted, and waited for, before the next run starts: its teardown
+(and, for ours, the monitoring stack reloading after its PodMonitor and rules go) would
+otherwise run on the node while the next job trains. ``--node`` pins both jobs to one node
+(the cluster may have two); ``--running`` measures on the cluster already up, with the image
+its chart values name, without ``python -m tools.cluster up``.
+
     .venv/bin/python benchmarks/bench_cluster_job.py [--pairs 3] [--epochs 20] [--model small]
+        [--node ddp-node] [--running] [--no-monitoring]
 """
 
 from __future__ import annotations
@@ -42,7 +49,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster.helm import CHART, Release, release_name  # noqa: E402
-from tests.cluster.kube import RESTRICTED_CONTAINER, RESTRICTED_POD, Cluster, bring_up  # noqa: E402
+from tests.cluster.kube import (  # noqa: E402
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    STATE,
+    Cluster,
+    bring_up,
+)
 
 PLAIN_SCRIPT = r'''
 import os, time
@@ -109,6 +122,16 @@ class Setup:
     hidden: list[int]
     cpu_limit: str
     threads: int
+    node: str = ""
+    """The node both jobs' pods are pinned to (nodeSelector kubernetes.io/hostname); "" for
+    wherever the scheduler puts them."""
+    monitoring: bool = True
+    """Our release creates its PodMonitor, PrometheusRule and dashboard ConfigMap (the
+    chart's defaults); off only as a diagnostic of what the cluster's monitoring stack
+    costs the node while the job trains."""
+
+    def node_selector(self) -> dict[str, str]:
+        return {"kubernetes.io/hostname": self.node} if self.node else {}
 
     def resources(self) -> dict[str, Any]:
         # Requests stay small: two pods requesting a core each do not fit this 2-core node.
@@ -131,6 +154,8 @@ def plain_job(name: str, image: str, setup: Setup) -> list[dict[str, Any]]:
     template = {"spec": {"securityContext": RESTRICTED_POD, "containers": [container],
                          "volumes": [{"name": "script", "configMap": {"name": name}},
                                      {"name": "tmp", "emptyDir": {}}]}}
+    if setup.node:
+        template["spec"]["nodeSelector"] = setup.node_selector()
     replica = {"replicas": 1, "restartPolicy": "OnFailure", "template": template}
     return [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
              "data": {"train.py": PLAIN_SCRIPT}},
@@ -140,11 +165,15 @@ def plain_job(name: str, image: str, setup: Setup) -> list[dict[str, Any]]:
 
 
 def run_ours(cluster: Cluster, chart: str, setup: Setup, tmp: Path) -> tuple[float, float]:
-    release = Release(cluster, release_name(), cluster.namespace("bench"), {
-        "resources": setup.resources(),
+    values: dict[str, Any] = {
+        "resources": setup.resources(), "nodeSelector": setup.node_selector(),
         "trainerConfig": {"train": {"epochs": setup.epochs, "batch_size": BATCH},
                           "model": {"name": "mlp", "hidden_sizes": setup.hidden},
-                          "metrics": {"linger_seconds": 0}}})
+                          "metrics": {"linger_seconds": 0}}}
+    if not setup.monitoring:
+        values["metrics"] = {part: {"enabled": False}
+                             for part in ("podMonitor", "prometheusRule", "dashboard")}
+    release = Release(cluster, release_name(), cluster.namespace("bench"), values)
     began = time.monotonic()
     release.install(chart, tmp=tmp)
     release.wait_condition("Succeeded")
@@ -153,7 +182,7 @@ def run_ours(cluster: Cluster, chart: str, setup: Setup, tmp: Path) -> tuple[flo
     found, threads = OURS_RATE.search(log), OURS_THREADS.search(log)
     assert found is not None and threads is not None, log[-3000:]
     assert int(threads.group(1)) == setup.threads, threads.group(0)
-    cluster.kubectl("delete", "namespace", release.namespace, "--wait=false")
+    delete_namespace(cluster, release.namespace)
     return wall, float(found.group(1))
 
 
@@ -172,13 +201,32 @@ def run_plain(cluster: Cluster, setup: Setup) -> tuple[float, float] | None:
         cluster.wait(f"pytorchjob/{name}", "condition=Succeeded", ns, 180)
     except AssertionError as err:
         print(f"plain job {name} did not succeed: {str(err)[:300]}", flush=True)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+        delete_namespace(cluster, ns)
         return None
     wall = time.monotonic() - began
     found = PLAIN_RATE.search(cluster.logs(f"{name}-master-0", ns))
     assert found is not None
-    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    delete_namespace(cluster, ns)
     return wall, float(found.group(1))
+
+
+def delete_namespace(cluster: Cluster, namespace: str) -> None:
+    """Delete the run's namespace and wait until it is gone (pods, volumes, our release's
+    PodMonitor and rules), so that its teardown, and the monitoring stack's reload after it,
+    do not run on the node during the next run's training."""
+    proc = cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s",
+                           timeout=150, check=False)
+    if proc.returncode != 0:  # measured already: say so and go on
+        print(f"namespace {namespace} not gone in 120 s: {proc.stderr.strip()[:200]}", flush=True)
+
+
+def running_cluster() -> Cluster:
+    """The cluster `make cluster-up` left running, with the trainer image its chart values
+    name (no `tools.cluster up`: nothing is built or started)."""
+    values = json.loads("".join(line for line in (STATE / "values-local.yaml").read_text()
+                                .splitlines(keepends=True) if not line.startswith("#")))
+    return Cluster(STATE / "kubeconfig",
+                   f"{values['image']['repository']}:{values['image']['tag']}")
 
 
 def main() -> int:
@@ -190,9 +238,20 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="threads per rank that limit gives (the plain job's "
                              "OMP_NUM_THREADS; ours derive it and the run checks it)")
+    parser.add_argument("--node", default="",
+                        help="pin both jobs' pods to this node (nodeSelector "
+                             "kubernetes.io/hostname), e.g. ddp-node")
+    parser.add_argument("--running", action="store_true",
+                        help="use the cluster already running, with the image its values "
+                             "name, instead of `python -m tools.cluster up` (which builds "
+                             "this checkout's image)")
+    parser.add_argument("--no-monitoring", action="store_true",
+                        help="diagnostic: our release without its PodMonitor, PrometheusRule "
+                             "and dashboard ConfigMap")
     args = parser.parse_args()
-    setup = Setup(args.epochs, MODELS[args.model], args.cpu_limit, args.threads)
-    cluster = bring_up()
+    setup = Setup(args.epochs, MODELS[args.model], args.cpu_limit, args.threads, args.node,
+                  not args.no_monitoring)
+    cluster = running_cluster() if args.running else bring_up()
     with tempfile.TemporaryDirectory() as tmp:
         chart = str(CHART)  # the chart of this checkout; its image: the one bring_up built
         results: dict[str, list[tuple[float, float]]] = {"ours": [], "plain": []}
@@ -214,9 +273,15 @@ def main() -> int:
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "model": args.model, "hidden": setup.hidden, "epochs": args.epochs,
               "pairs": args.pairs, "cpu_limit": args.cpu_limit, "threads": args.threads,
+              "node": args.node or None, "monitoring": setup.monitoring,
+              "image": cluster.image,
               "per_rank_batch": BATCH, "ranks": 2, "runs": results, "median": median,
               "wall_ratio_ours_over_plain": median["ours"][0] / median["plain"][0],
-              "rate_ratio_ours_over_plain": median["ours"][1] / median["plain"][1]}
+              "rate_ratio_ours_over_plain": median["ours"][1] / median["plain"][1],
+              # speed to Succeeded (higher is better, like the samples/s ratio)
+              "wall_speed_plain_over_ours": median["plain"][0] / median["ours"][0],
+              "pair_rate_ratios": [round(o[1] / p[1], 3) for o, p in
+                                   zip(results["ours"], results["plain"], strict=True)]}
     print(json.dumps(report, indent=1))
     return 0
 
