@@ -50,14 +50,16 @@ tools: venv
 e2e-tools:
 	bash tools/install-podman.sh
 
-# The real single-node Kubernetes of the tests (docs/cluster.md): Debian's containerd, runc,
-# CNI plugins and registry; Kubernetes, etcd, CoreDNS and local-path-provisioner built once per
-# machine from the Go modules in tools/cluster.
+# The real Kubernetes of the tests (docs/cluster.md), one node or NODES=2 (the second in a
+# network namespace of its own): Debian's containerd, runc, CNI plugins and registry;
+# Kubernetes, etcd, CoreDNS and local-path-provisioner built once per machine from the Go
+# modules in tools/cluster.
+NODES ?= 1
 cluster-tools: e2e-tools
 	bash tools/install-cluster.sh
 
 cluster-up: venv cluster-tools
-	$(PY) -m tools.cluster up
+	$(PY) -m tools.cluster up --nodes $(NODES)
 
 cluster-down:
 	$$(test -x $(PY) && echo $(PY) || echo $(PYTHON)) -m tools.cluster down

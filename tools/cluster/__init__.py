@@ -1,4 +1,4 @@
-"""A real single-node Kubernetes on this host, for the tests (docs/cluster.md).
+"""A real Kubernetes of one or two nodes on this host, for the tests (docs/cluster.md).
 
     python -m tools.cluster up|down|build|restart NAME     (from the checkout's root)
 

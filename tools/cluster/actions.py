@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from tools.cluster import (
     configs,
     controllers,
     images,
+    nodes,
     operators,
     pki,
     procs,
@@ -37,10 +37,11 @@ from tools.cluster.layout import (
     CLUSTER_DOMAIN,
     HERE,
     KUBERNETES_SERVICE_IP,
-    NODE_INTERFACE,
     NODE_IP,
     NODE_NAME,
+    NODES,
     REPO,
+    Node,
     Paths,
     Versions,
 )
@@ -53,20 +54,6 @@ TOOLS_BIN = REPO / ".tools" / "cluster" / "bin"
 
 def log(message: str) -> None:
     print(f"cluster: {message}", flush=True)
-
-
-def node_interface() -> None:
-    """The node's address on an interface of its own (layout.NODE_IP)."""
-    if subprocess.run(["ip", "link", "show", NODE_INTERFACE], capture_output=True,
-                      check=False).returncode != 0:
-        # A bridge without ports: this kernel has no `dummy` module ("Unknown device type").
-        subprocess.run(["ip", "link", "add", NODE_INTERFACE, "type", "bridge"], check=True)
-    shown = subprocess.run(["ip", "-4", "addr", "show", "dev", NODE_INTERFACE],
-                           capture_output=True, text=True, check=True).stdout
-    if f"{NODE_IP}/" not in shown:
-        subprocess.run(["ip", "addr", "add", f"{NODE_IP}/32", "dev", NODE_INTERFACE],
-                       check=True)
-    subprocess.run(["ip", "link", "set", NODE_INTERFACE, "up"], check=True)
 
 
 def start_all(paths: Paths, wanted: list[components.Component]) -> None:
@@ -85,10 +72,13 @@ def write_configs(paths: Paths) -> None:
     pki.kubeconfig(paths.pki, "admin", paths.kubeconfig)
     for user in KUBECONFIGS:
         pki.kubeconfig(paths.pki, user, paths.config / f"{user}.kubeconfig")
-    pki.kubeconfig(paths.pki, "kubelet-client", paths.config / "kubelet.kubeconfig")
-    configs.containerd(paths)
-    configs.cni(paths)
-    configs.kubelet(paths)
+    for node in NODES:
+        pki.kubeconfig(paths.pki, f"kubelet-client{node.suffix}",
+                       paths.config / f"kubelet{node.suffix}.kubeconfig")
+        configs.containerd(paths, node)
+        configs.cni(paths, node)
+        configs.kubelet(paths, node)
+        configs.kube_proxy(paths, node)
     configs.corefile(paths)
     configs.registry(paths)
     configs.local_path(paths)
@@ -210,6 +200,8 @@ class Up:
 
     paths: Paths
     versions: Versions
+    count: int = 1
+    """How many of layout.NODES to run."""
     bins: dict[str, Path] = field(default_factory=dict)
     image: str = ""
 
@@ -239,12 +231,41 @@ def _images(up: Up) -> str:
 
 
 def _node(up: Up) -> None:
+    """The first node (the host), the cluster DNS and storage it hosts for every node."""
     paths = up.paths
-    start_all(paths, components.node(paths, up.bins))
+    start_all(paths, components.node(paths, up.bins, NODES[0])
+              + components.host_services(paths, up.bins))
     procs.wait_for(lambda: api.node_ready(paths, NODE_NAME), 120, f"node {NODE_NAME} Ready",
                    paths.logs / "kubelet.log")
     procs.wait_for(dns_answers, 60, "CoreDNS answering kubernetes.default",
                    paths.logs / "coredns.log")
+
+
+def _further_nodes(up: Up) -> str | None:
+    """Nodes 2..N of `up --nodes N`, each in its network namespace, then the routes between
+    every node's pods. Adding nodes to a running cluster is the same action."""
+    wanted = NODES[:up.count]
+    for node in wanted[1:]:
+        start_node(up.paths, up.bins, node)
+    up.paths.node_count.write_text(f"{max(up.count, _started(up.paths))}\n")
+    return ", ".join(n.name for n in wanted)
+
+
+def start_node(paths: Paths, bins: dict[str, Path], node: Node) -> None:
+    """A further node plugged in and its processes started (those already running kept), the
+    routes between every started node's pods, and the node Ready."""
+    nodes.plug(node)
+    start_all(paths, components.node(paths, bins, node))
+    nodes.routes(NODES[:max(NODES.index(node) + 1, _started(paths))])
+    procs.wait_for(functools.partial(api.node_ready, paths, node.name), 120,
+                   f"node {node.name} Ready", paths.logs / f"kubelet{node.suffix}.log")
+
+
+def _started(paths: Paths) -> int:
+    try:
+        return int(paths.node_count.read_text())
+    except (OSError, ValueError):
+        return 1
 
 
 def _operators(up: Up) -> str:
@@ -268,12 +289,13 @@ class Action:
 ACTIONS: tuple[Action, ...] = (
     Action("binaries", _binaries),
     Action("configs and keys", lambda up: write_configs(up.paths)),
-    Action("node interface", lambda up: node_interface()),
+    Action("node interface", lambda up: nodes.first_node()),
     Action("control plane", lambda up: start_all(up.paths,
                                                  components.control_plane(up.paths, up.bins))),
     Action("addons.yaml", _addons),
     Action("images in the registry", _images),
     Action("node", _node),
+    Action("further nodes", _further_nodes),
     Action("operators", _operators),
     Action("chart values", lambda up: values_local(up.paths, up.image)),
 )

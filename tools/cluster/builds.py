@@ -62,6 +62,8 @@ GROUPS = (
                  ("kube-scheduler", K8S + "kube-scheduler"), ("kubelet", K8S + "kubelet"),
                  ("kubectl", K8S + "kubectl"),
                  ("etcd", "./cmd/etcd"))),
+    # Apart from the others of its module, so that adding it kept their cached build.
+    Group("kubeproxy", HERE, (("kube-proxy", K8S + "kube-proxy"),)),
     Group("coredns", COREDNS_MODULE, (("coredns", "."),)),
     Group("localpath", LOCAL_PATH_MODULE, (
         ("local-path-provisioner", "github.com/rancher/local-path-provisioner"),)),
@@ -158,6 +160,16 @@ def build(group: Group, versions: Versions) -> Path:
             shutil.rmtree(older, ignore_errors=True)
     print(f"cluster: built in {time.monotonic() - started:.0f} s -> {out}", flush=True)
     return out
+
+
+def binary(name: str) -> Path | None:
+    """Where this machine built `name` at the pinned version, if it has."""
+    versions = Versions.read()
+    for group in GROUPS:
+        if name in dict(group.packages):
+            path = cache_folder(group, _go(), group.ldflags(versions)) / name
+            return path if path.is_file() else None
+    return None
 
 
 def build_all(versions: Versions) -> dict[str, Path]:

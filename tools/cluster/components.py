@@ -3,6 +3,7 @@ needs (docs/cluster.md explains each non-default one)."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from tools.cluster.layout import (
     ETCD_PEER,
     NODE_IP,
     NODE_NAME,
+    NODES,
     REGISTRY,
     SERVICE_RANGE,
+    Node,
     Paths,
 )
 
@@ -62,8 +65,8 @@ def control_plane(paths: Paths, bins: dict[str, Path]) -> list[Component]:
             "--service-account-signing-key-file", str(pki / "sa.key"),
             # The issuer is the address the API server answers on, not the usual
             # https://kubernetes.default.svc: Trainer's status server discovers it from its own
-            # token and fetches its OIDC keys there, from the host, which has neither the
-            # cluster's DNS nor a kube-proxy for that Service's ClusterIP.
+            # token and fetches its OIDC keys there, from the host, which does not use the
+            # cluster's DNS.
             "--service-account-issuer", f"https://{NODE_IP}:{API_PORT}",
             "--service-cluster-ip-range", SERVICE_RANGE,
             "--authorization-mode", "Node,RBAC",
@@ -71,8 +74,8 @@ def control_plane(paths: Paths, bins: dict[str, Path]) -> list[Component]:
             # is visibly part of this cluster.
             "--enable-admission-plugins", "NodeRestriction,PodSecurity",
             "--allow-privileged=true",
-            # Webhook calls go to a Service's endpoints, not its ClusterIP: the operators run
-            # on the host and no kube-proxy routes ClusterIPs here (docs/cluster.md).
+            # Webhook calls go to a Service's endpoints (the host, where the operators run),
+            # not its ClusterIP: the API server needs no kube-proxy (docs/cluster.md).
             "--enable-aggregator-routing=true",
             "--profiling=false",
         ], f"https://{NODE_IP}:{API_PORT}/readyz", user="admin", timeout=180),
@@ -88,6 +91,10 @@ def control_plane(paths: Paths, bins: dict[str, Path]) -> list[Component]:
             "--cluster-signing-key-file", str(pki / "ca.key"),
             "--use-service-account-credentials=true",
             "--service-cluster-ip-range", SERVICE_RANGE,
+            # A lost node is NotReady 30 s after its last heartbeat, not 50 s: the kubelets
+            # renew their leases every 5 s here (nodeLeaseDurationSeconds 20, configs.py), so
+            # 30 s is still six missed renewals (docs/cluster.md, "Two nodes").
+            "--node-monitor-grace-period", "30s",
         ], "https://127.0.0.1:10257/healthz", verify=False, user=None),
         Component("kube-scheduler", [
             str(bins["kube-scheduler"]), "--kubeconfig", str(cfg / "scheduler.kubeconfig"),
@@ -98,18 +105,32 @@ def control_plane(paths: Paths, bins: dict[str, Path]) -> list[Component]:
     ]
 
 
-def node(paths: Paths, bins: dict[str, Path]) -> list[Component]:
+def node(paths: Paths, bins: dict[str, Path], node: Node) -> list[Component]:
+    """One node's containerd, kubelet and kube-proxy, in its network namespace."""
+    cfg = paths.node_config(node)
+    runtime = paths.node_runtime(node)
+    return [
+        Component("containerd" + node.suffix,
+                  node.wrap(["containerd", "--config", str(cfg / "containerd.toml")]),
+                  "", timeout=60),
+        Component("kubelet" + node.suffix, node.wrap([
+            str(bins["kubelet"]), "--config", str(cfg / "kubelet.json"),
+            "--kubeconfig", str(paths.config / f"kubelet{node.suffix}.kubeconfig"),
+            "--hostname-override", node.name, "--node-ip", node.ip,
+            "--root-dir", str(runtime / "kubelet"),
+            "--cert-dir", str(runtime / "kubelet-pki"),
+        ]), f"http://{'127.0.0.1' if node.netns is None else node.ip}:10248/healthz",
+            user=None, timeout=120),
+        Component("kube-proxy" + node.suffix, node.wrap([
+            str(bins["kube-proxy"]), "--config", str(cfg / "kube-proxy.json"),
+        ]), f"http://{node.ip}:10256/healthz", user=None, timeout=60),
+    ]
+
+
+def host_services(paths: Paths, bins: dict[str, Path]) -> list[Component]:
+    """What the first node hosts for all of them: the cluster DNS and the storage provisioner."""
     cfg = paths.config
     return [
-        Component("containerd", ["containerd", "--config", str(cfg / "containerd.toml")],
-                  "", timeout=60),
-        Component("kubelet", [
-            str(bins["kubelet"]), "--config", str(cfg / "kubelet.json"),
-            "--kubeconfig", str(cfg / "kubelet.kubeconfig"),
-            "--hostname-override", NODE_NAME, "--node-ip", NODE_IP,
-            "--root-dir", str(paths.runtime / "kubelet"),
-            "--cert-dir", str(paths.runtime / "kubelet-pki"),
-        ], "http://127.0.0.1:10248/healthz", user=None, timeout=120),
         Component("coredns", [str(bins["coredns"]), "-conf", str(cfg / "Corefile")],
                   f"http://{DNS_READY}/ready", user=None),
         Component("local-path-provisioner", [
@@ -124,11 +145,24 @@ def node(paths: Paths, bins: dict[str, Path]) -> list[Component]:
 
 
 def ready(paths: Paths, component: Component) -> bool:
-    if component.name == "containerd":
-        return paths.containerd_socket.is_socket()
+    for each in NODES:
+        if component.name == "containerd" + each.suffix:
+            return _listens(paths.socket_of(each))
     if not component.ready_url:
         return True
     ctx = None
     if component.ready_url.startswith("https"):
         ctx = api.context(paths, component.user, component.verify)
     return api.ok(component.ready_url, ctx)
+
+
+def _listens(path: Path) -> bool:
+    """Something accepts connections on the unix socket `path` (a killed containerd leaves its
+    socket file behind, so its existence says nothing)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(2)
+        try:
+            client.connect(str(path))
+        except OSError:
+            return False
+    return True

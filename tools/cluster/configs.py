@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 from tools.cluster.layout import (
-    BRIDGE,
+    CLUSTER_CIDR,
     CLUSTER_DOMAIN,
     DNS_HEALTH,
     DNS_READY,
     NODE_IP,
-    POD_SUBNET,
     REGISTRY,
+    Node,
     Paths,
 )
 
@@ -22,15 +22,17 @@ PAUSE_IMAGE = f"{REGISTRY}/pause:3.10.2"  # kubeadm 1.37's pause version, made l
 HELPER_IMAGE = f"{REGISTRY}/busybox:1.35"  # local-path's helper pods (Debian's busybox-static)
 
 
-def containerd(paths: Paths) -> Path:
-    rt = paths.runtime / "containerd"
+def containerd(paths: Paths, node: Node) -> Path:
+    rt = paths.node_runtime(node) / "containerd"
+    cfg = paths.node_config(node)
+    socket = paths.socket_of(node)
     text = f"""version = 2
 root = "{rt}/root"
 state = "{rt}/state"
 [grpc]
-  address = "{paths.containerd_socket}"
+  address = "{socket}"
 [ttrpc]
-  address = "{paths.containerd_socket}.ttrpc"
+  address = "{socket}.ttrpc"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   # No CAP_SYS_RESOURCE in this sandbox: a pod's oom_score_adj may only be raised, never
@@ -45,9 +47,11 @@ state = "{rt}/state"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         # cgroupfs, as the kubelet: no systemd runs here.
         SystemdCgroup = false
+        # runc's state per node (its default, /run/containerd/runc, would be shared).
+        Root = "{rt}/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "{paths.config / 'cni'}"
+    conf_dir = "{cfg / 'cni'}"
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "{paths.config / 'certs.d'}"
 """
@@ -58,33 +62,39 @@ state = "{rt}/state"
     (hosts / "hosts.toml").write_text(
         f'server = "https://{REGISTRY}"\n\n[host."https://{REGISTRY}"]\n'
         f'  capabilities = ["pull", "resolve"]\n  ca = "{paths.pki / "ca.crt"}"\n')
-    return _write(paths.config / "containerd.toml", text)
+    return _write(cfg / "containerd.toml", text)
 
 
-def cni(paths: Paths) -> Path:
+def cni(paths: Paths, node: Node) -> Path:
+    """bridge + host-local on the node's own pod subnet, as kindnet writes on each node; the
+    routes to the other nodes' subnets are network.py's."""
     conf = {
         "cniVersion": "1.0.0", "name": "ddp-pods",
         "plugins": [{
-            "type": "bridge", "bridge": BRIDGE, "isGateway": True, "hairpinMode": True,
-            # Pods talk to each other and to the node's address only: nothing to masquerade.
+            "type": "bridge", "bridge": node.bridge, "isGateway": True, "hairpinMode": True,
+            # Pods talk to each other, to the nodes and to the control plane only, all inside
+            # CLUSTER_CIDR or the nodes' network, and both route back: nothing to masquerade.
             "ipMasq": False,
-            "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_subnet}]],
                      "routes": [{"dst": "0.0.0.0/0"}],
-                     "dataDir": str(paths.runtime / "cni-ipam")},
+                     "dataDir": str(paths.node_runtime(node) / "cni-ipam")},
         }, {"type": "loopback"}],
     }
-    return _write(paths.config / "cni" / "10-ddp-pods.conflist", json.dumps(conf, indent=1))
+    return _write(paths.node_config(node) / "cni" / "10-ddp-pods.conflist",
+                  json.dumps(conf, indent=1))
 
 
-def kubelet(paths: Paths) -> Path:
-    config = {
+def kubelet(paths: Paths, node: Node) -> Path:
+    cfg = paths.node_config(node)
+    name = "kubelet" + node.suffix
+    config: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                            "x509": {"clientCAFile": str(paths.pki / "ca.crt")}},
         "authorization": {"mode": "Webhook"},
-        "tlsCertFile": str(paths.pki / "kubelet.crt"),
-        "tlsPrivateKeyFile": str(paths.pki / "kubelet.key"),
-        "containerRuntimeEndpoint": f"unix://{paths.containerd_socket}",
+        "tlsCertFile": str(paths.pki / f"{name}.crt"),
+        "tlsPrivateKeyFile": str(paths.pki / f"{name}.key"),
+        "containerRuntimeEndpoint": f"unix://{paths.socket_of(node)}",
         # The host mounts cgroup v1 controllers (plus an empty unified tree): kubelet >= 1.35
         # refuses cgroup v1 unless told not to.
         "failCgroupV1": False,
@@ -102,14 +112,45 @@ def kubelet(paths: Paths) -> Path:
         # The sandbox may not lower the kubelet's oom_score_adj (no CAP_SYS_RESOURCE).
         "oomScoreAdj": 0,
         "serializeImagePulls": False,
-        "podCIDR": POD_SUBNET,
+        "podCIDR": node.pod_subnet,
         "maxPods": 60,
         "serverTLSBootstrap": False,
         "rotateCertificates": False,
         # Short waits so the tests' pods start and stop promptly (defaults are 1 m syncs).
         "syncFrequency": "10s", "fileCheckFrequency": "10s", "nodeStatusUpdateFrequency": "5s",
+        # Its lease renewed every 5 s (a quarter of this): the controller manager's grace
+        # period before NotReady is 30 s (components.py).
+        "nodeLeaseDurationSeconds": 20,
     }
-    return _write(paths.config / "kubelet.json", json.dumps(config, indent=1))
+    if node.netns is not None:
+        config.update({
+            # Its own cgroup subtree (cgroups are not namespaced here) and its own pod logs:
+            # each kubelet garbage-collects what it finds there as its own.
+            "cgroupRoot": node.cgroup_root,
+            "podLogsDir": str(paths.node_runtime(node) / "pod-logs"),
+            # Probed from the host, where the node's loopback is not.
+            "healthzBindAddress": node.ip,
+        })
+    return _write(cfg / "kubelet.json", json.dumps(config, indent=1))
+
+
+def kube_proxy(paths: Paths, node: Node) -> Path:
+    """iptables mode, as kubeadm's default; conntrack sysctls left as they are (the sandbox
+    may not write them)."""
+    config = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(paths.config / "kube-proxy.kubeconfig")},
+        "mode": "iptables", "hostnameOverride": node.name,
+        "clusterCIDR": CLUSTER_CIDR, "detectLocalMode": "ClusterCIDR",
+        "bindAddress": node.ip, "nodePortAddresses": ["primary"],
+        "healthzBindAddress": f"{node.ip}:10256",
+        "metricsBindAddress": f"{node.ip}:10249",
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                      "tcpCloseWaitTimeout": "0s"},
+        # Resyncs every 5 s rather than 30 s: the tests' Services come and go quickly.
+        "syncPeriod": "5s", "iptables": {"minSyncPeriod": "1s"},
+    }
+    return _write(paths.node_config(node) / "kube-proxy.json", json.dumps(config, indent=1))
 
 
 def corefile(paths: Paths) -> Path:
@@ -150,6 +191,10 @@ def local_path(paths: Paths) -> Path:
 
 
 def _write(path: Path, text: str) -> Path:
+    """Writes `text` unless the file has it already: kube-proxy exits when its configuration
+    file changes, and a second `up` writes every file again."""
+    text = text if text.endswith("\n") else text + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text if text.endswith("\n") else text + "\n")
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
     return path

@@ -12,8 +12,8 @@ the CA into its webhook configurations. What a kubelet does for their pods is do
   :func:`mount_webhook_secret`);
 - the Service: its selector is dropped and an EndpointSlice points it at the host's port, where
   the API server reaches the webhook (`--enable-aggregator-routing`). A Service that pods call
-  (Trainer's status server) is headless, so the pods' DNS answer is the host: this cluster has
-  no kube-proxy to route a ClusterIP (docs/cluster.md);
+  (Trainer's status server) is headless, so the pods' DNS answer is the host itself, with or
+  without a kube-proxy to route a ClusterIP (docs/cluster.md);
 - the ServiceAccount's token, CA and namespace at the pod's path (Trainer reads its token to
   learn the cluster's token issuer).
 """

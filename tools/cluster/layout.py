@@ -30,6 +30,10 @@ NODE_INTERFACE = "ddp0"
 NODE_IP = "10.250.0.1"
 NODE_NAME = "ddp-node"
 POD_SUBNET = "10.244.0.0/24"
+# The nodes' network: NODE_INTERFACE is its switch (a bridge), each further node's network
+# namespace is plugged into it by a veth pair, as kind's nodes share one Docker network.
+NODE_NETWORK_PREFIX = 24
+CLUSTER_CIDR = "10.244.0.0/16"  # every node's pod subnet is a /24 of it
 SERVICE_RANGE = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 CLUSTER_DOMAIN = "cluster.local"
@@ -41,6 +45,39 @@ ETCD_PEER = "http://127.0.0.1:2380"
 REGISTRY = f"{NODE_IP}:5000"
 DNS_HEALTH = "127.0.0.1:8180"
 DNS_READY = "127.0.0.1:8181"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node: its own kubelet, containerd and kube-proxy, pod subnet, bridge and cgroup
+    root. The first node runs in the host's network namespace beside the control plane (its
+    address is NODE_IP); every other node runs in a network namespace of its own."""
+
+    name: str
+    ip: str
+    pod_subnet: str
+    bridge: str
+    netns: str | None
+    cgroup_root: str
+
+    @property
+    def suffix(self) -> str:
+        """Appended to its processes' names ("kubelet", "kubelet-ddp-node-2")."""
+        return "" if self.netns is None else f"-{self.name}"
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """`argv` run in the node's network namespace (only that: the mount namespace stays
+        the host's, so the kubelet and containerd see each other's mounts as on one machine)."""
+        if self.netns is None:
+            return argv
+        return ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv]
+
+
+NODES = (
+    Node(NODE_NAME, NODE_IP, POD_SUBNET, BRIDGE, None, "/"),
+    Node("ddp-node-2", "10.250.0.2", "10.244.1.0/24", "ddpbr1", "ddp-node-2", "/ddp-node-2"),
+)
+"""Every node the cluster can have, in order: `up --nodes N` starts the first N."""
 
 
 def _require(gomod: Path, module: str) -> str:
@@ -121,6 +158,22 @@ class Paths:
     @property
     def containerd_socket(self) -> Path:
         return self.runtime / "run" / "containerd.sock"
+
+    def node_config(self, node: Node) -> Path:
+        """The node's own configuration files (the first node's are `config` itself)."""
+        return self.config if node.netns is None else self.config / node.name
+
+    def node_runtime(self, node: Node) -> Path:
+        """The node's runtime state: containers, kubelet root, pod logs, IPAM leases."""
+        return self.runtime if node.netns is None else self.runtime / "nodes" / node.name
+
+    def socket_of(self, node: Node) -> Path:
+        return self.node_runtime(node) / "run" / "containerd.sock"
+
+    @property
+    def node_count(self) -> Path:
+        """How many of NODES the last `up` started."""
+        return self.state / "nodes"
 
     @property
     def storage(self) -> Path:

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.cluster.layout import API_PORT, CLUSTER_DOMAIN, KUBERNETES_SERVICE_IP, NODE_IP, NODE_NAME
+from tools.cluster.layout import API_PORT, CLUSTER_DOMAIN, KUBERNETES_SERVICE_IP, NODE_IP, NODES
 
 DAYS = "3650"
 
@@ -40,12 +40,15 @@ CERTS = (
     Cert("controller-manager", "system:kube-controller-manager"),
     Cert("scheduler", "system:kube-scheduler"),
     Cert("kube-proxy", "system:kube-proxy"),
-    Cert("kubelet-client", f"system:node:{NODE_NAME}", "system:nodes"),
-    Cert("kubelet", NODE_NAME, server=True, dns=(NODE_NAME, "localhost"),
-         ips=(NODE_IP, "127.0.0.1")),
     Cert("coredns", "system:coredns"),
     Cert("local-path-provisioner", "system:local-path-provisioner"),
     Cert("registry", "ddp-registry", server=True, dns=("localhost",), ips=(NODE_IP, "127.0.0.1")),
+    # Each node's kubelet: its client identity as the Node authorizer knows it, and its serving
+    # certificate for the node's address (the API server verifies it: logs, exec).
+    *(cert for node in NODES for cert in (
+        Cert(f"kubelet-client{node.suffix}", f"system:node:{node.name}", "system:nodes"),
+        Cert(f"kubelet{node.suffix}", node.name, server=True, dns=(node.name, "localhost"),
+             ips=(node.ip, "127.0.0.1")))),
 )
 
 

@@ -98,8 +98,8 @@ def prometheus() -> dict[str, Any]:
             "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "fsGroup": 65534,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             # Kubernetes discovery from the pod reads the API server's address from these; the
-            # kubelet's are the `kubernetes` Service's ClusterIP, which nothing routes here (no
-            # kube-proxy), so they name the API server itself (docs/cluster.md).
+            # kubelet's are the `kubernetes` Service's ClusterIP, routed by kube-proxy; these
+            # name the API server itself, one hop fewer (docs/cluster.md).
             "containers": [{"name": "prometheus", "env": [
                 {"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
                 {"name": "KUBERNETES_SERVICE_PORT", "value": str(API_PORT)}]}],

@@ -40,7 +40,7 @@ TRAINER = HostController(
     webhooks=("validating/validator.trainer.kubeflow.org",
               "mutating/defaulter.trainer.kubeflow.org"),
     # The pods call the status server by the Service's DNS name: headless, so DNS answers the
-    # host (no kube-proxy here).
+    # host's address (no ClusterIP in between).
     ports=(Port("webhook-server", 443, 9444), Port("status-server", STATUS_PORT, STATUS_PORT)),
     health="127.0.0.1:8092", headless=True)
 
