@@ -4,28 +4,41 @@
 # 1. The cluster comes up in the background (its build and start-up times are printed when it
 #    is ready) while every test outside tests/cluster runs on two pytest-xdist workers, a file
 #    per worker at a time: those tests keep both cores busy, so two workers take about 70 % of
-#    the time of one (README, Development).
-# 2. tests/cluster then runs alone, one test at a time: its alert and stall tests time real
-#    jobs, which would slow down beside other tests; alone they leave about half the CPU idle.
-# 3. The cluster goes down, whatever the outcome.
+#    the time of one (README, Development). Once the cluster is up, the two-node tests
+#    (tests/cluster/test_two_nodes.py: they add the second node, and leave it cordoned) run
+#    beside them in the background too: they assert outcomes, not timings, and mostly wait on
+#    the nodes (NotReady, eviction, a partition's timeout).
+# 2. The rest of tests/cluster then runs alone, one test at a time, on the first node: its
+#    alert and stall tests time real jobs, which would slow down beside other tests; alone they
+#    leave about half the CPU idle.
+# 3. The cluster goes down, whatever the outcome, and fails the run if it leaves anything behind
+#    on either node (processes, mounts, namespaces, links, cgroups, iptables chains).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 export PATH="$PWD/.tools/bin:$PATH"
 mkdir -p .cache
 up_log=.cache/cluster-up.log
+two_log=.cache/cluster-two-nodes.log
+TWO_NODES=tests/cluster/test_two_nodes.py
 
-"$PY" -m tools.cluster up >"$up_log" 2>&1 &
-up=$!
+{
+    "$PY" -m tools.cluster up >"$up_log" 2>&1 || exit 10
+    "$PY" -m pytest -q -p no:cacheprovider --durations=5 "$TWO_NODES" >"$two_log" 2>&1 || exit 11
+} &
+background=$!
 status=0
 "$PY" -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=tests/cluster || status=$?
-if wait "$up"; then
-    cat "$up_log"
-    "$PY" -m pytest -q --durations=15 tests/cluster || status=$?
-else
-    cat "$up_log"
+wait "$background"
+up_and_two=$?
+cat "$up_log"
+if [ "$up_and_two" = 10 ]; then
     echo "run-tests: the cluster did not come up (its log above); tests/cluster not run" >&2
     status=1
+else
+    cat "$two_log"
+    [ "$up_and_two" = 0 ] || status=1
+    "$PY" -m pytest -q --durations=15 tests/cluster --ignore "$TWO_NODES" || status=$?
 fi
-"$PY" -m tools.cluster down
+"$PY" -m tools.cluster down || status=1
 exit "$status"

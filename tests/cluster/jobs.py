@@ -23,7 +23,8 @@ from tests.cluster.kube import (
     RESTRICTED_POD,
     STATE,
     KubectlError,
-    node_paths,
+    node_runtime,
+    node_socket,
 )
 
 DONE = re.compile(r"done: (\d+) steps, .* val accuracy (\d\.\d{4}) \((\d+)/(\d+)\)")
@@ -124,11 +125,14 @@ def master_checkpoints(release: Release) -> list[Path]:
         folder = Path((pv["spec"].get("hostPath") or pv["spec"]["local"])["path"])
     else:
         try:
-            uid = cluster.get("pod", release.pod("master"), ns)["metadata"]["uid"]
+            pod = cluster.get("pod", release.pod("master"), ns)
         except KubectlError:  # between a deletion and the operator's new pod
             return []
-        folder = (node_paths().runtime / "kubelet" / "pods" / uid / "volumes"
-                  / "kubernetes.io~empty-dir" / "checkpoints")
+        if not pod["spec"].get("nodeName"):
+            return []
+        folder = (node_runtime(pod["spec"]["nodeName"]) / "kubelet" / "pods"
+                  / pod["metadata"]["uid"] / "volumes" / "kubernetes.io~empty-dir"
+                  / "checkpoints")
     return sorted(folder.glob("ckpt-*.pt"))
 
 
@@ -181,16 +185,23 @@ def container_id(release: Release, pod: str) -> str:
     return found[0]
 
 
-def ctr(*args: str) -> str:
-    """containerd's `ctr` on the node's socket, in the kubelet's namespace; its output."""
-    return subprocess.run(["ctr", "--address", str(node_paths().containerd_socket), "-n",
-                           "k8s.io", *args], check=True, capture_output=True, text=True).stdout
+def ctr(node: str, *args: str) -> str:
+    """containerd's `ctr` on the socket of the node named `node`, in the kubelet's namespace;
+    its output."""
+    return subprocess.run(["ctr", "--address", str(node_socket(node)), "-n", "k8s.io", *args],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def node_of(release: Release, pod: str) -> str:
+    name: str = release.cluster.get("pod", pod, release.namespace)["spec"]["nodeName"]
+    return name
 
 
 def kill_container(release: Release, pod: str, signal: str = "SIGKILL") -> None:
     """`signal` to the container's process (the trainer is PID 1 of its container), from the
     runtime as the kernel's OOM killer or a crash would end it."""
-    ctr("task", "kill", "-s", signal, container_id(release, pod))
+    cid = container_id(release, pod)
+    ctr(node_of(release, pod), "task", "kill", "-s", signal, cid)
 
 
 def cpu_quota_file(release: Release, pod: str) -> Path:
@@ -198,7 +209,7 @@ def cpu_quota_file(release: Release, pod: str) -> Path:
     kubelet set it from the container's CPU limit): writing it throttles the container as a
     lower limit, or a noisy neighbour, would."""
     cid = container_id(release, pod)
-    tasks = ctr("task", "ls")
+    tasks = ctr(node_of(release, pod), "task", "ls")
     (pid,) = [line.split()[1] for line in tasks.splitlines() if line.startswith(cid)]
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)

@@ -97,6 +97,22 @@ def node_paths() -> Any:
     return _layout().Paths.default()
 
 
+def node_runtime(node_name: str) -> Path:
+    """Where the node named `node_name` keeps its kubelet root and containers (each node has
+    its own, layout.Paths.node_runtime)."""
+    layout = _layout()
+    (node,) = [n for n in layout.NODES if n.name == node_name]
+    found: Path = node_paths().node_runtime(node)
+    return found
+
+
+def node_socket(node_name: str) -> Path:
+    layout = _layout()
+    (node,) = [n for n in layout.NODES if n.name == node_name]
+    found: Path = node_paths().socket_of(node)
+    return found
+
+
 def api_endpoint() -> str:
     """host:port of the API server."""
     layout = _layout()
@@ -115,21 +131,26 @@ def merged(*layers: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def restart_process(name: str) -> None:
-    """`python -m tools.cluster restart NAME`: SIGKILL one of the cluster's processes, start it
-    again."""
-    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "restart", name], cwd=REPO,
+def cluster_tool(*args: str) -> str:
+    """`python -m tools.cluster ARGS` (docs/cluster.md); what it printed."""
+    proc = subprocess.run([sys.executable, "-m", "tools.cluster", *args], cwd=REPO,
                           text=True, capture_output=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"tools.cluster restart {name} exited {proc.returncode}:\n"
+        raise RuntimeError(f"tools.cluster {' '.join(args)} exited {proc.returncode}:\n"
                            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return proc.stdout
 
 
-def bring_up() -> Cluster:
-    """`python -m tools.cluster up` (idempotent: a running cluster is reused) and the files it
-    wrote."""
-    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "up"], cwd=REPO, text=True,
-                          capture_output=True, check=False)
+def restart_process(name: str) -> None:
+    """SIGKILL one of the cluster's processes, start it again."""
+    cluster_tool("restart", name)
+
+
+def bring_up(nodes: int = 1) -> Cluster:
+    """`python -m tools.cluster up --nodes N` (idempotent: a running cluster is reused, one
+    with fewer nodes gets the rest) and the files it wrote."""
+    proc = subprocess.run([sys.executable, "-m", "tools.cluster", "up", "--nodes", str(nodes)],
+                          cwd=REPO, text=True, capture_output=True, check=False)
     sys.stdout.write(proc.stdout)
     if proc.returncode != 0:
         raise RuntimeError(f"python -m tools.cluster up exited {proc.returncode}:\n"
