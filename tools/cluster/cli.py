@@ -179,10 +179,10 @@ def kill_node(paths: Paths, node: Node) -> None:
     for name in ("kubelet", "containerd"):
         pid = procs.pid_of(paths, name + node.suffix)
         if pid is not None:
-            procs.kill_and_wait(pid, 0)
+            procs.kill_and_wait(pid, None)
         (paths.pids / f"{name}{node.suffix}.pid").unlink(missing_ok=True)
     for pid in procs.pids_matching(f"-address {paths.socket_of(node)}"):
-        procs.kill_and_wait(pid, 0)  # the shims
+        procs.kill_and_wait(pid, None)  # the shims
     _kill_containers(paths.node_runtime(node) / "containerd" / "runc" / "k8s.io")
 
 
@@ -205,7 +205,7 @@ def _unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", target], capture_output=True, check=False)
 
 
-NODE_ACTIONS = ("kill-node", "start-node", "partition", "heal")
+NODE_ACTIONS = ("kill-node", "stop-node", "start-node", "partition", "heal")
 """What happens to a node in the tests' failure scenarios (docs/cluster.md, "Two nodes")."""
 
 
@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("up", "down", "build", "restart", *NODE_ACTIONS))
     parser.add_argument("name", nargs="?", help="restart: the process, e.g. kube-apiserver; "
-                        "kill-node, start-node, partition, heal: the node, e.g. ddp-node-2")
+                        "kill-node, stop-node, start-node, partition, heal: the node, e.g. "
+                        "ddp-node-2")
     parser.add_argument("--nodes", type=int, default=int(os.environ.get("NODES", "1")),
                         help="up: how many nodes (default $NODES or 1)")
     args = parser.parse_args(argv)
@@ -238,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "kill-node":
             kill_node(paths, node_named(args.name))
             log(f"{args.name}: kubelet, containerd and every container killed (SIGKILL)")
+        elif args.action == "stop-node":
+            stop_node(paths, node_named(args.name))
+            log(f"{args.name}: kube-proxy, kubelet, containerd and every container stopped")
         elif args.action == "start-node":
             actions.start_node(paths, builds.build_all(Versions.read()), node_named(args.name))
             log(f"{args.name}: Ready")

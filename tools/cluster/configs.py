@@ -147,8 +147,6 @@ def kube_proxy(paths: Paths, node: Node) -> Path:
         "metricsBindAddress": f"{node.ip}:10249",
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
                       "tcpCloseWaitTimeout": "0s"},
-        # Resyncs every 5 s rather than 30 s: the tests' Services come and go quickly.
-        "syncPeriod": "5s", "iptables": {"minSyncPeriod": "1s"},
     }
     return _write(paths.node_config(node) / "kube-proxy.json", json.dumps(config, indent=1))
 

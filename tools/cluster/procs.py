@@ -77,9 +77,12 @@ def stop(paths: Paths, name: str, grace: float = 15) -> None:
     (paths.pids / f"{name}.pid").unlink(missing_ok=True)
 
 
-def kill_and_wait(pid: int, grace: float) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds; returns once the process is gone."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+def kill_and_wait(pid: int, grace: float | None) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds (None: SIGKILL only, as a power cut ends a
+    process); returns once the process is gone."""
+    steps = ((signal.SIGKILL, 10.0),) if grace is None else (
+        (signal.SIGTERM, grace), (signal.SIGKILL, 10.0))
+    for sig, wait in steps:
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
