@@ -5,7 +5,7 @@
 #    is ready) while every test outside tests/cluster runs on two pytest-xdist workers, a file
 #    per worker at a time: those tests keep both cores busy, so two workers take about 70 % of
 #    the time of one (README, Development). Once the cluster is up, the two-node tests
-#    (tests/cluster/test_two_nodes.py: they add the second node, then cordon and stop it) run
+#    (tests/cluster/test_two_nodes.py: they add the second node, then cordon it) run
 #    beside them in the background too: they assert outcomes, not timings, and mostly wait on
 #    the nodes (NotReady, eviction, a partition's timeout).
 # 2. The rest of tests/cluster then runs alone, one test at a time, on the first node: its
