@@ -97,19 +97,21 @@ def node_paths() -> Any:
     return _layout().Paths.default()
 
 
+def _node(node_name: str) -> Any:
+    """layout.NODES' entry for the node named `node_name`."""
+    (node,) = [n for n in _layout().NODES if n.name == node_name]
+    return node
+
+
 def node_runtime(node_name: str) -> Path:
     """Where the node named `node_name` keeps its kubelet root and containers (each node has
     its own, layout.Paths.node_runtime)."""
-    layout = _layout()
-    (node,) = [n for n in layout.NODES if n.name == node_name]
-    found: Path = node_paths().node_runtime(node)
+    found: Path = node_paths().node_runtime(_node(node_name))
     return found
 
 
 def node_socket(node_name: str) -> Path:
-    layout = _layout()
-    (node,) = [n for n in layout.NODES if n.name == node_name]
-    found: Path = node_paths().socket_of(node)
+    found: Path = node_paths().socket_of(_node(node_name))
     return found
 
 
