@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import tomllib
+import yaml
 
 from tools.cluster import cli, configs, nodes
 from tools.cluster.layout import CLUSTER_CIDR, NODE_NETWORK_PREFIX, NODES, Paths
@@ -87,3 +88,11 @@ def test_node_commands_refuse_what_they_cannot_do_in_one_line(
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
+
+
+def test_the_claims_helper_pods_run_on_the_first_node_which_no_test_takes_down(
+        tmp_path: Path) -> None:
+    paths = Paths(tmp_path / "state", tmp_path / "runtime")
+    pod = yaml.safe_load(configs.helper_pod(paths).read_text())
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": NODES[0].name}
+    assert pod["spec"]["containers"][0]["image"] == configs.HELPER_IMAGE

@@ -5,14 +5,15 @@ a run on one node, and recover exactly from what happens to nodes: a network par
 the nodes' pods, the loss of a whole node (kubelet, containerd and every container killed), and
 `kubectl drain`.
 
-`make test` runs this module beside the tests outside tests/cluster, and the rest of tests/cluster
-after it, with the second node cordoned; its `down` stops both nodes and fails if anything is
-left on either."""
+`make test` runs this module beside the rest of tests/cluster (tests/cluster/reserve.py): the
+second node is reserved for this module's pods by a taint they tolerate; its `down` stops both
+nodes and fails if anything is left on either."""
 
 from __future__ import annotations
 
 import functools
 import json
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -40,19 +41,21 @@ from tests.cluster.kube import (
     cluster_tool,
     merged,
 )
+from tests.cluster.reserve import SECOND, TOLERATION, holding, reserve_command
 
-FIRST, SECOND = "ddp-node", "ddp-node-2"
+FIRST = "ddp-node"
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 # 100 short epochs with a checkpoint at each epoch's end, so that the three disruptions each come
 # after fresh checkpoints; a lost peer is given up on after 30 s (rendezvous
 # included: a restarted rank waits that long for a peer whose node is coming back); restarts not
 # limited by the backoff limit (the chained disruptions restart each rank several times); no
-# metrics linger; one thread per rank, as up to four jobs share the two cores.
+# metrics linger; one thread per rank, as up to four jobs share the two cores; the second
+# node's reservation tolerated.
 RUN: dict[str, Any] = merged(KEEP_RESULTS, {
     "trainerConfig": {"train": {"epochs": 100, "cpu_threads": 1},
                       "checkpoint": {"every_seconds": 0},
                       "dist": {"timeout_seconds": 30}, "metrics": {"linger_seconds": 0}},
-    "runPolicy": {"backoffLimit": 20}})
+    "runPolicy": {"backoffLimit": 20}, "tolerations": [TOLERATION]})
 # The TrainJob with the chart's own runtime: a referenced runtime fixes the backoff limit (6).
 TRAIN_JOB: dict[str, Any] = merged(TRAINJOB, {"trainJob": {"createRuntime": True}})
 ONE_NODE: dict[str, Any] = {"nodeSelector": {"kubernetes.io/hostname": FIRST}}
@@ -61,16 +64,13 @@ ONE_NODE: dict[str, Any] = {"nodeSelector": {"kubernetes.io/hostname": FIRST}}
 @pytest.fixture(scope="module")
 def two_nodes(cluster: Cluster) -> Iterator[Cluster]:
     """The cluster with its second node (added to a running one-node cluster; started again
-    if stopped), cordoned after the module: the other cluster tests keep their one node's
-    placement. Not stopped: local-path-provisioner puts its helper pods (which make a claim's
-    folder) on any node by name, cordoned or not, and a stopped node never runs them (seen in
-    CI: the next tests' claims stayed Pending)."""
+    if stopped) reserved for this module's pods, while no test restarts the API server."""
     bring_up(nodes=2)
+    subprocess.run(reserve_command(), check=True, capture_output=True)
     cluster_tool("start-node", SECOND)
-    cluster.kubectl("uncordon", SECOND)
     wait_until(lambda: ready(cluster, SECOND), f"{SECOND} Ready", timeout=180)
-    yield cluster
-    cluster.kubectl("cordon", SECOND)
+    with holding(exclusive=False):
+        yield cluster
 
 
 def ready(cluster: Cluster, node: str) -> bool:
@@ -102,6 +102,14 @@ def running_on(release: Release) -> dict[str, str]:
 def spread(release: Release) -> bool:
     """Both of the job's pods run, one on each node."""
     return sorted(running_on(release).values()) == [FIRST, SECOND]
+
+
+def remade_on_second(release: Release) -> bool:
+    """Both of the job's pods (not those being deleted) are placed on the second node, or the
+    job already ended there."""
+    current = [p for p in pods(release) if not p["metadata"].get("deletionTimestamp")]
+    return (sorted(p["spec"].get("nodeName", "") for p in current) == [SECOND, SECOND]
+            or any(p["status"].get("phase") == "Succeeded" for p in current))
 
 
 def last_exits(release: Release) -> dict[str, int | None]:
@@ -263,10 +271,15 @@ def test_partition_node_loss_and_drain_each_end_exactly_as_uninterrupted(
 
     # (d) `kubectl drain` of the node the jobs now run on (their pods only, the rest of the node
     # left as it is): every pod is evicted (SIGTERM: the ranks stop at one step and save), and
-    # made again on the other node, the only one left schedulable until the jobs end.
+    # made again on the other node; the drained node is schedulable again once they run there
+    # (the other cluster tests, running beside these, place their pods on it).
     try:
         cluster.kubectl("drain", FIRST, "--pod-selector", "app.kubernetes.io/name=ddp-trainer",
                         "--delete-emptydir-data", "--timeout=180s", timeout=240)
+        for kind, release in jobs.items():
+            wait_until(functools.partial(remade_on_second, release),
+                       f"{kind}: both pods made again on {SECOND}", timeout=300)
+        cluster.kubectl("uncordon", FIRST)
         for kind, release in jobs.items():
             got = finished(release)
             assert_same_as(got, reference)

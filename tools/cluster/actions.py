@@ -82,8 +82,7 @@ def write_configs(paths: Paths) -> None:
     configs.corefile(paths)
     configs.registry(paths)
     configs.local_path(paths)
-    helper = (HERE / "helper-pod.yaml").read_text().replace("HELPER_IMAGE", configs.HELPER_IMAGE)
-    (paths.config / "helper-pod.yaml").write_text(helper)
+    configs.helper_pod(paths)
     trainer_v2.write_configs(paths)
     paths.storage.mkdir(parents=True, exist_ok=True)
 

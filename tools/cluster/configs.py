@@ -12,7 +12,9 @@ from tools.cluster.layout import (
     CLUSTER_DOMAIN,
     DNS_HEALTH,
     DNS_READY,
+    HERE,
     NODE_IP,
+    NODES,
     REGISTRY,
     Node,
     Paths,
@@ -186,6 +188,14 @@ def local_path(paths: Paths) -> Path:
     included) is a directory there that any pod on this node mounts."""
     config = {"sharedFileSystemPath": str(paths.storage)}
     return _write(paths.config / "local-path.json", json.dumps(config, indent=1))
+
+
+def helper_pod(paths: Paths) -> Path:
+    """local-path-provisioner's helper pod template (tools/cluster/helper-pod.yaml), pinned to
+    the first node, with the registry's busybox."""
+    template = (HERE / "helper-pod.yaml").read_text()
+    return _write(paths.config / "helper-pod.yaml", template.replace(
+        "HELPER_IMAGE", HELPER_IMAGE).replace("FIRST_NODE", NODES[0].name))
 
 
 def _write(path: Path, text: str) -> Path:

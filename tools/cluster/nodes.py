@@ -95,8 +95,7 @@ def _hierarchies() -> list[Path]:
 
 def remove_cgroups(node: Node) -> None:
     """The node's `kubepods` cgroups, deepest first, once empty; a further node's root too."""
-    for hierarchy in _hierarchies():
-        base = hierarchy / node.cgroup_root.strip("/")
+    for base in _cgroup_bases(node):
         tree = base / "kubepods"
         if tree.is_dir():
             for folder in sorted(tree.rglob("*"), key=lambda p: len(p.parts), reverse=True):
@@ -113,13 +112,17 @@ def remove_cgroups(node: Node) -> None:
 def cgroups_of(node: Node) -> list[Path]:
     """The node's cgroup folders that exist: its `kubepods` trees (and a further node's root)."""
     found = []
-    for hierarchy in _hierarchies():
-        base = hierarchy / node.cgroup_root.strip("/")
+    for base in _cgroup_bases(node):
         if (base / "kubepods").exists():
             found.append(base / "kubepods")
         if node.netns is not None and base.exists():
             found.append(base)
     return found
+
+
+def _cgroup_bases(node: Node) -> list[Path]:
+    """The node's cgroup root in every hierarchy (the host's root for the first node)."""
+    return [hierarchy / node.cgroup_root.strip("/") for hierarchy in _hierarchies()]
 
 
 def unplug(node: Node) -> None:

@@ -26,6 +26,7 @@ from tools.cluster.controllers import HostController
 from tools.cluster.layout import (
     API_PORT,
     NODE_IP,
+    NODES,
     PROMETHEUS_OPERATOR_MODULE,
     REGISTRY,
     Paths,
@@ -95,6 +96,9 @@ def prometheus() -> dict[str, Any]:
             "ruleSelector": everything, "ruleNamespaceSelector": {},
             "scrapeInterval": INTERVAL, "evaluationInterval": INTERVAL,
             "resources": {"requests": {"cpu": "50m", "memory": "200Mi"}},
+            # On the first node, with the cluster's other services (DNS, storage): the tests
+            # lose or partition only further nodes (a drain of the first evicts jobs' pods only).
+            "nodeSelector": {"kubernetes.io/hostname": NODES[0].name},
             "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "fsGroup": 65534,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             # Kubernetes discovery from the pod reads the API server's address from these; the
