@@ -97,11 +97,13 @@ LOOP = "is a symlink loop (a link that leads back to itself)"
 
 def missing(path: str | os.PathLike[str], fix: str) -> tuple[str, str]:
     """(why, fix) for a path that was named but cannot be used: it ``does not exist`` (with
-    `fix`), ``is a symlink loop`` or is behind a folder the user may not enter
-    (``Path.exists()`` is False for all three, and "does not exist" sends the user looking for a
+    `fix`), ``is a symlink loop``, is behind a folder the user may not enter, or holds a NUL
+    (``Path.exists()`` is False for all of them, and "does not exist" sends the user looking for a
     file that is there)."""
     try:
         os.stat(path)
+    except ValueError:  # "embedded null byte": no file name holds one
+        return "contains a NUL character (\\0), which no file name can", "remove it from the path"
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return LOOP, ("point the link at the real file or directory (ls -l shows where it "
