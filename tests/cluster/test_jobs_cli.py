@@ -206,7 +206,6 @@ def test_a_forbidden_user_is_one_line_exit_2(done: Release, unprivileged: Path) 
     done.cluster.get("pytorchjob", done.job, done.namespace)  # the refused delete left it
 
 
-@pytest.mark.alone
 def test_the_api_server_going_away_mid_wait_is_one_line_exit_2(
         cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
     release = Release(cluster, release_name(), cluster.namespace("apigone"),

@@ -128,7 +128,6 @@ def test_a_stopped_rank_fires_the_stall_alert_and_continued_ends_as_uninterrupte
     assert restarts(release, release.pod("master"))[0] == 0
 
 
-@pytest.mark.alone
 def test_the_operator_and_the_api_server_restarted_mid_run_leave_training_untouched(
         cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
     release = run(cluster, chart_ref, tmp_path, "ctrlplane", KEEP_OUTPUTS)

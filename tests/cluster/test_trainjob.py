@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.cluster import monitoring
@@ -169,7 +168,6 @@ def trainer_feature_gate(gate: str, enabled: bool) -> Iterator[None]:
         restart_process("trainer-controller-manager")
 
 
-@pytest.mark.alone
 def test_with_the_status_gate_off_nothing_is_sent_and_the_job_completes(
         cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
     # A cluster that has not enabled KEP-2779 (TrainJobStatus is alpha in v2.3.0): Trainer

@@ -5,9 +5,10 @@ a run on one node, and recover exactly from what happens to nodes: a network par
 the nodes' pods, the loss of a whole node (kubelet, containerd and every container killed), and
 `kubectl drain`.
 
-`make test` runs this module beside the rest of tests/cluster (tests/cluster/reserve.py): the
-second node is reserved for this module's pods by a taint they tolerate; its `down` stops both
-nodes and fails if anything is left on either."""
+`make test` runs this module beside the tests outside tests/cluster, and the rest of
+tests/cluster after it; the second node is reserved for this module's pods by a taint they
+tolerate (tests/cluster/reserve.py); its `down` stops both nodes and fails if anything is left
+on either."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from tests.cluster.kube import (
     cluster_tool,
     merged,
 )
-from tests.cluster.reserve import SECOND, TOLERATION, holding, reserve_command
+from tests.cluster.reserve import SECOND, TOLERATION, reserve_command
 
 FIRST = "ddp-node"
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
@@ -62,15 +63,14 @@ ONE_NODE: dict[str, Any] = {"nodeSelector": {"kubernetes.io/hostname": FIRST}}
 
 
 @pytest.fixture(scope="module")
-def two_nodes(cluster: Cluster) -> Iterator[Cluster]:
+def two_nodes(cluster: Cluster) -> Cluster:
     """The cluster with its second node (added to a running one-node cluster; started again
-    if stopped) reserved for this module's pods, while no test restarts the API server."""
+    if stopped) and reserved for this module's pods (tests/cluster/reserve.py)."""
     bring_up(nodes=2)
     subprocess.run(reserve_command(), check=True, capture_output=True)
     cluster_tool("start-node", SECOND)
     wait_until(lambda: ready(cluster, SECOND), f"{SECOND} Ready", timeout=180)
-    with holding(exclusive=False):
-        yield cluster
+    return cluster
 
 
 def ready(cluster: Cluster, node: str) -> bool:
