@@ -4,7 +4,6 @@ registry and installed from there with Helm 4 (or from the folder with Helm 3), 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -44,13 +43,10 @@ def helm(binary: Path, *args: str, cluster: Cluster, check: bool = True,
 
 def release(cluster: Cluster) -> str:
     """`make release` to the cluster's registry (the image under the chart's appVersion tag and
-    the packaged chart, pushed as a user's CI pushes them); the chart's oci:// reference. One
-    at a time: `make test` runs two sessions of cluster tests at once, which share its files."""
-    with (REPO / ".cache" / "release.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        proc = subprocess.run(["make", "-s", "release", f"REGISTRY={REGISTRY}",
-                               f"REGISTRY_CA={STATE / 'pki' / 'ca.crt'}"], cwd=REPO,
-                              capture_output=True, text=True, timeout=1800, check=False)
+    the packaged chart, pushed as a user's CI pushes them); the chart's oci:// reference."""
+    proc = subprocess.run(["make", "-s", "release", f"REGISTRY={REGISTRY}",
+                           f"REGISTRY_CA={STATE / 'pki' / 'ca.crt'}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, f"make release exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     chart = f"oci://{REGISTRY}/charts/ddp-trainer"
     assert f"release: chart {chart} {chart_version()}" in proc.stdout, proc.stdout
