@@ -271,8 +271,8 @@ def test_partition_node_loss_and_drain_each_end_exactly_as_uninterrupted(
 
     # (d) `kubectl drain` of the node the jobs now run on (their pods only, the rest of the node
     # left as it is): every pod is evicted (SIGTERM: the ranks stop at one step and save), and
-    # made again on the other node; the drained node is schedulable again once they run there
-    # (the other cluster tests, running beside these, place their pods on it).
+    # made again on the other node; the drained node is schedulable again once they are
+    # placed there.
     try:
         cluster.kubectl("drain", FIRST, "--pod-selector", "app.kubernetes.io/name=ddp-trainer",
                         "--delete-emptydir-data", "--timeout=180s", timeout=240)
