@@ -116,7 +116,10 @@ def finished(release: Release, condition: str = "Succeeded") -> Finished:
 
 def master_checkpoints(release: Release) -> list[Path]:
     """The Master's checkpoint files, oldest first, read where the node keeps them."""
-    folder = checkpoint_folder(release)
+    return _checkpoint_files(checkpoint_folder(release))
+
+
+def _checkpoint_files(folder: Path | None) -> list[Path]:
     return sorted(folder.glob("ckpt-*.pt")) if folder else []
 
 
@@ -155,8 +158,7 @@ def wait_for_checkpoints(release: Release, count: int, after: int = -1,
     while time.monotonic() < deadline:
         if (folder is None or not on_claim) and time.monotonic() - looked_up >= 1:
             folder, looked_up = checkpoint_folder(release), time.monotonic()
-        files = sorted(folder.glob("ckpt-*.pt")) if folder else []
-        steps = [int(f.stem.split("-")[1]) for f in files]
+        steps = [int(f.stem.split("-")[1]) for f in _checkpoint_files(folder)]
         if len([s for s in steps if s > after]) >= count:
             return steps[-1]
         time.sleep(0.05)

@@ -10,8 +10,9 @@ import sys
 from typing import Any
 
 from tests.cluster.kube import KUBECTL, STATE
+from tools.cluster.layout import NODES
 
-SECOND = "ddp-node-2"
+FIRST, SECOND = (node.name for node in NODES)
 TAINT = "ddp-trainer.test/two-node-tests"
 TOLERATION: dict[str, Any] = {"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}
 

@@ -42,9 +42,8 @@ from tests.cluster.kube import (
     cluster_tool,
     merged,
 )
-from tests.cluster.reserve import SECOND, TOLERATION, reserve_command
+from tests.cluster.reserve import FIRST, SECOND, TOLERATION, reserve_command
 
-FIRST = "ddp-node"
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 # 100 short epochs with a checkpoint at each epoch's end, so that the three disruptions each come
 # after fresh checkpoints; a lost peer is given up on after 30 s (rendezvous
@@ -271,8 +270,9 @@ def test_partition_node_loss_and_drain_each_end_exactly_as_uninterrupted(
 
     # (d) `kubectl drain` of the node the jobs now run on (their pods only, the rest of the node
     # left as it is): every pod is evicted (SIGTERM: the ranks stop at one step and save), and
-    # made again on the other node; the drained node is schedulable again once they are
-    # placed there.
+    # made again on the other node. The drained node is schedulable again once they are placed
+    # there: the pods that read each job's results (finished) tolerate no reservation, and the
+    # other node is reserved for the jobs' pods (seen: left cordoned, those stayed Pending).
     try:
         cluster.kubectl("drain", FIRST, "--pod-selector", "app.kubernetes.io/name=ddp-trainer",
                         "--delete-emptydir-data", "--timeout=180s", timeout=240)
