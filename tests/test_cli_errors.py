@@ -35,6 +35,15 @@ def test_wrong_type_on_command_line() -> None:
     assert_one_clear_error(proc, "train.epochs", "int")
 
 
+@pytest.mark.parametrize("command", ["train", "run"])
+def test_a_config_error_is_answered_before_torch_is_imported(command: str) -> None:
+    proc = run_cli(command, "--set", "train.epochs=many", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert_one_clear_error(proc, "train.epochs", "whole number")
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "trainer.config_load" in imported and "torch" not in imported, sorted(imported)
+
+
 def test_flag_with_wrong_type_is_rejected_by_the_parser() -> None:
     proc = run_cli("train", "--epochs", "two")
     assert proc.returncode == 2 and "invalid int value" in proc.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from tests.conftest import run_cli
@@ -81,3 +82,27 @@ def test_exit_classes_name_each_documented_exit_code() -> None:
     assert [exit_class(code) for code in (2, 3, 4, 5, 143, 137, 1)] == [
         "config", "diverged", "lost peer", "user code", "preempted", "killed", "error"]
     assert exit_class(137, "OOMKilled") == "OOM-killed"
+
+
+class _Writes:
+    """A stderr that keeps each write call, as an unbuffered pipe passes each to write(2)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_the_error_line_is_one_write_so_ranks_sharing_a_pipe_never_interleave(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stderr = _Writes()
+    monkeypatch.setattr("sys.stderr", stderr)
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setenv(termination.ENV, "")
+    termination.report("[rank 1] error: training loss became nan (fix: lower --lr)")
+    assert stderr.calls == ["[rank 1] error: training loss became nan (fix: lower --lr)\n"]

@@ -94,8 +94,13 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
         raise AssertionError(f"unsupported annotation {annotation}")
     raise ConfigError(
         f"{where}: expected {annotation.__name__}, got {type(value).__name__} {_short(value)}",
-        f"set {where} to a {annotation.__name__}",
+        f"set {where} to {_KINDS[annotation]}",
     )
+
+
+_KINDS = {int: "a whole number, e.g. 10", float: "a number, e.g. 0.1",
+          bool: "true or false", str: "a string"}
+"""What a value of each field type is, in the fix of a mistyped one."""
 
 
 def _section_types(cls: type) -> dict[str, Any]:

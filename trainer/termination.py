@@ -30,7 +30,11 @@ LINE_KEY = "line"
 
 def report(line: str) -> None:
     """Print `line` on stderr and leave it where Kubernetes and the launcher read it."""
-    print(line, file=sys.stderr)
+    # One write of the line and its newline: print() makes two, and with PYTHONUNBUFFERED (the
+    # image, the operators) each is a write(2) of its own, so the lines of ranks that share a
+    # pipe came out as "[rank 0] error: ...[rank 1] error: ...\n\n" (seen in a loaded CI run).
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
     write(line)
     record(line)
 
