@@ -5,12 +5,12 @@
 #    reserve.py) comes up in the background (its build and start-up times are printed when it
 #    is ready) while every test outside tests/cluster runs on two pytest-xdist workers, a file
 #    per worker at a time: those tests keep both cores busy, so two workers take about 70 % of
-#    the time of one (README, Development). Once the cluster is up, the two-node tests
+#    the time of one (docs/development.md). Once the cluster is up, the two-node tests
 #    (tests/cluster/test_two_nodes.py) run beside them in the background too: they assert
 #    outcomes, not timings, and mostly wait on the nodes (NotReady, eviction, a partition's
 #    timeout).
 # 2. The rest of tests/cluster then runs alone, one test at a time, on the first node. Run
-#    beside the other tests instead, it slowed them from 16.5 to 24 min and itself far more
+#    beside the other tests instead, it slowed them from 17 to 24 min and itself far more
 #    (2026-12-06): every part of `make test` is bound by the two cores.
 # 3. The cluster goes down, whatever the outcome, and fails the run if it leaves anything behind
 #    on either node (processes, mounts, namespaces, links, cgroups, iptables chains).
