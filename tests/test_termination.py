@@ -12,7 +12,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from tests.conftest import run_cli
 from trainer import termination
 from trainer.errors import exit_class
-from trainer.ranks.launcher import cause_line
+from trainer.ranks.launcher import cause_line, exit_code_of
 
 
 def kubelet_file(tmp_path: Path) -> Path:
@@ -70,6 +70,38 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_exit(tmp_path: Path) -> Non
     line = cause_line(err)
     assert line.startswith("error: rank 1 was killed by SIGKILL (exit 137)"), line
     assert "(fix: " in line
+
+
+def _recorded(tmp_path: Path, rank: int, code: int, line: str, at: float,
+              monkeypatch: pytest.MonkeyPatch) -> ProcessFailure:
+    """Rank `rank`'s failure as the agent reads it, after the rank recorded `line` at `at`."""
+    path = tmp_path / f"error-{rank}.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.setattr(termination.time, "time", lambda: at)
+    termination.record(line)
+    return ProcessFailure(local_rank=rank, pid=4000 + rank, exitcode=code, error_file=str(path))
+
+
+@pytest.mark.parametrize("follower", [143, -15, 4])
+def test_a_rank_stopped_after_another_failed_in_the_same_second_is_not_the_cause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, follower: int) -> None:
+    # Rank 1 exits 2; the agent then stops rank 0 (SIGTERM: exit 143, or -15 before its handler)
+    # or rank 0 sees it vanish (4). Whole-second timestamps tie: rank 0 was reported.
+    cause = "[rank 1] error: the model returns 3 logits per sample but a label is 4 (fix: x)"
+    first = _recorded(tmp_path, 1, 2, cause, 1000.2, monkeypatch)
+    then = _recorded(tmp_path, 0, follower, "[rank 0] error: stopped (fix: y)", 1000.7,
+                     monkeypatch)
+    err = ChildFailedError("trainer", {0: then, 1: first})
+    assert first.timestamp == then.timestamp == 1000
+    assert (exit_code_of(err), cause_line(err)) == (2, cause)
+
+
+def test_of_two_ranks_failing_on_their_own_the_earlier_is_the_cause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    late = _recorded(tmp_path, 0, 3, "[rank 0] error: late (fix: x)", 1000.9, monkeypatch)
+    early = _recorded(tmp_path, 1, 2, "[rank 1] error: early (fix: y)", 1000.1, monkeypatch)
+    err = ChildFailedError("trainer", {0: late, 1: early})
+    assert cause_line(err) == "[rank 1] error: early (fix: y)"
 
 
 def test_the_termination_message_is_cut_to_the_kubelets_4096_bytes(tmp_path: Path) -> None:

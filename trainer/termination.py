@@ -26,6 +26,9 @@ LIMIT = 4096
 """Bytes the kubelet reads of the file."""
 LINE_KEY = "line"
 """The printed line, beside the message in torch elastic's error file."""
+TIME_KEY = "time"
+"""When the line was recorded, in seconds with a fraction: torch elastic's own timestamp is whole
+seconds, too coarse to tell which of two ranks failed first."""
 
 
 def report(line: str) -> None:
@@ -69,8 +72,16 @@ def record(line: str) -> None:
     data.setdefault("message", line)
     data.setdefault("timestamp", int(time.time()))
     data[LINE_KEY] = line
+    data[TIME_KEY] = time.time()
     with contextlib.suppress(OSError):
         Path(path).write_text(json.dumps(data), encoding="utf-8")
+
+
+def time_of(error_file_data: object) -> float | None:
+    """When a rank recorded its line (see :func:`record`), or None."""
+    if isinstance(error_file_data, dict) and isinstance(error_file_data.get(TIME_KEY), float):
+        return float(error_file_data[TIME_KEY])
+    return None
 
 
 def line_of(error_file_data: object) -> str | None:

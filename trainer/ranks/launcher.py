@@ -24,7 +24,14 @@ from torch.distributed.run import config_from_args, parse_args
 
 from trainer import termination, usercode
 from trainer.distributed import threads
-from trainer.errors import USER_CODE_EXIT, TrainerError, UserCodeError, first_line
+from trainer.errors import (
+    USER_CODE_EXIT,
+    Preempted,
+    RankLost,
+    TrainerError,
+    UserCodeError,
+    first_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +137,21 @@ def exit_code_of(err: ChildFailedError) -> int:
     return 128 - code if code < 0 else code
 
 
+_FOLLOWS = frozenset({RankLost.exit_code, Preempted.exit_code, -int(signal.SIGTERM)})
+"""Exits that follow another rank's: it vanished (4), or the agent stopped this one (SIGTERM)."""
+
+
 def cause(err: ChildFailedError) -> tuple[int, ProcessFailure]:
-    """(global rank, failure) of the rank whose failure caused the others'."""
-    raised = sorted((rank, f) for rank, f in err.failures.items()
-                    if f.exitcode == USER_CODE_EXIT)
-    return raised[0] if raised else err.get_first_failure()
+    """(global rank, failure) of the rank whose failure caused the others': a rank whose user
+    code raised, else the first to fail of its own accord, else the first to fail."""
+    def order(item: tuple[int, ProcessFailure]) -> tuple[bool, bool, float, int]:
+        rank, failure = item
+        # torch's own "first failure" compares whole seconds and picks rank 0 on a tie: a rank
+        # stopped because rank 1 exited 2 was reported as the cause (exit 143) in a loaded CI.
+        when = termination.time_of(failure.error_file_data)
+        return (failure.exitcode != USER_CODE_EXIT, failure.exitcode in _FOLLOWS,
+                failure.timestamp if when is None else when, rank)
+    return min(err.failures.items(), key=order)
 
 
 def report_user_code(err: ChildFailedError) -> None:
