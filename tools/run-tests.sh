@@ -25,7 +25,8 @@ up_log=.cache/cluster-up.log
 two_log=.cache/cluster-two-nodes.log
 TWO_NODES=tests/cluster/test_two_nodes.py
 later_log=.cache/later.log
-LATER=(tests/examples/test_mytask.py tests/test_readme_commands.py)
+LATER=(tests/examples/test_mytask.py tests/test_readme_commands.py tests/test_training.py
+       tests/data/test_images.py tests/data/test_tables.py)
 
 {
     { "$PY" -m tools.cluster up --nodes 2 && "$PY" -m tests.cluster.reserve; } >"$up_log" 2>&1 \
