@@ -70,8 +70,9 @@ run: $(VENV)/.installed-run
 		--set metrics.linger_seconds=0 $(RUN_ARGS)
 
 # Every test, the cluster's included: the cluster comes up in the background (its build and
-# start-up times printed) while the other tests run on two workers; then tests/cluster runs
-# alone, and the cluster goes down whatever the outcome (tools/run-tests.sh).
+# start-up times printed) while the other tests run on two workers; then tests/cluster runs,
+# a few long whole-run files beside it at idle CPU priority, and the cluster goes down
+# whatever the outcome (tools/run-tests.sh).
 test: venv tools e2e-tools cluster-tools
 	bash tools/run-tests.sh
 
