@@ -152,7 +152,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
+            try:
+                seen.add(key)
+            except TypeError:  # `{{}: 1}`: PyYAML's own check comes after this one
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping or list used as a key", key_node.start_mark) from None
         return super().construct_mapping(node, deep)
 
 

@@ -119,6 +119,9 @@ CASES = [
                                  *QUICK), 2, ("train.epochs", "expected int")),
     Case("set-empty-under-flag", ("train", "--epochs", "1", "--set", "train.epochs=", *QUICK),
          2, ("train.epochs",)),
+    # a mapping as a key (found by test_config_properties: a TypeError from the key check)
+    Case("set-mapping-as-key", ("train", "--set", "data.dataset={{}}", *QUICK), 2,
+         ("data.dataset", "not valid YAML", "used as a key")),
     # argparse's own errors
     Case("argparse-bad-int", ("train", "--epochs", "two"), 2, ("invalid int value", "--help")),
     Case("argparse-unknown-flag", ("train", "--bogus", "2"), 2,
