@@ -216,11 +216,35 @@ def node_of(release: Release, pod: str) -> str:
     return name
 
 
+def task(node: str, cid: str) -> tuple[str, str] | None:
+    """(PID, status) of a container's task on `node`, as `ctr task ls` lists it; None once the
+    runtime has removed it."""
+    for line in ctr(node, "task", "ls").splitlines():
+        if line.startswith(cid):
+            _, pid, status = line.split()
+            return pid, status
+    return None
+
+
+def kill_containers(release: Release, pods: list[str], signal: str = "SIGKILL") -> None:
+    """`signal` to each pod's trainer container (the trainer is PID 1 of its container), from
+    the runtime as the kernel's OOM killer, a crash or a preemption would send it. Every
+    container is looked up before the first signal, so they go out together. One that stopped
+    after an earlier one's signal is passed over: the ranks agree on a SIGTERM
+    (trainer/distributed/agreement.py), so a rank may exit 143 on its peer's SIGTERM before its
+    own arrives (seen on a loaded CI machine)."""
+    targets = [(node_of(release, pod), container_id(release, pod)) for pod in pods]
+    for n, (node, cid) in enumerate(targets):
+        try:
+            ctr(node, "task", "kill", "-s", signal, cid)
+        except subprocess.CalledProcessError:
+            found = task(node, cid)
+            if n == 0 or (found is not None and found[1] == "RUNNING"):
+                raise
+
+
 def kill_container(release: Release, pod: str, signal: str = "SIGKILL") -> None:
-    """`signal` to the container's process (the trainer is PID 1 of its container), from the
-    runtime as the kernel's OOM killer or a crash would end it."""
-    cid = container_id(release, pod)
-    ctr(node_of(release, pod), "task", "kill", "-s", signal, cid)
+    kill_containers(release, [pod], signal)
 
 
 def cpu_quota_file(release: Release, pod: str) -> Path:
@@ -228,8 +252,9 @@ def cpu_quota_file(release: Release, pod: str) -> Path:
     kubelet set it from the container's CPU limit): writing it throttles the container as a
     lower limit, or a noisy neighbour, would."""
     cid = container_id(release, pod)
-    tasks = ctr(node_of(release, pod), "task", "ls")
-    (pid,) = [line.split()[1] for line in tasks.splitlines() if line.startswith(cid)]
+    found = task(node_of(release, pod), cid)
+    assert found is not None, f"{pod}'s trainer container {cid} has no task"
+    pid = found[0]
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if "cpu" in controllers.split(","):

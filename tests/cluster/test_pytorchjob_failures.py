@@ -18,6 +18,7 @@ from tests.cluster.jobs import (
     assert_same_as,
     finished,
     kill_container,
+    kill_containers,
     master_checkpoints,
     restarts,
     status_terminations,
@@ -158,8 +159,7 @@ def sigterm_every_pod(release: Release) -> dict[str, str | None]:
     """SIGTERM to each trainer as the kubelet sends it on preemption: every rank stops at the
     same step and exits 143. The pods' uids before."""
     before = {replica: uid(release, replica) for replica in ("master", "worker")}
-    for replica in before:
-        kill_container(release, release.pod(replica), "SIGTERM")
+    kill_containers(release, [release.pod(replica) for replica in before], "SIGTERM")
     return before
 
 
