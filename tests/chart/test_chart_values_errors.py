@@ -49,6 +49,27 @@ BAD_VALUES = {
     "unknown-spread-mode": (["--set", "spreadAcrossNodes=always"], "spreadAcrossNodes"),
     "negative-node-loss-toleration": (["--set", "nodeLossToleranceSeconds=-5"],
                                       "nodeLossToleranceSeconds"),
+    # Kubernetes refuses these pods when the operator creates them: the job would sit without
+    # pods, the refusal only in an event
+    "cpu-limit-below-the-default-request": (["--set", "resources.limits.cpu=1500m"],
+                                            "resources.limits.cpu"),
+    "memory-request-above-limit": (["--set", "resources.requests.memory=17Gi"],
+                                   "resources.limits.memory"),
+    "gpu-request-not-its-limit": (["--set", "gpusPerReplica=2",
+                                   "--set", "resources.requests.nvidia\\.com/gpu=1"],
+                                  "nvidia.com/gpu"),
+}
+
+# The same quantity in two notations: equal, so within the limit.
+EQUAL_QUANTITIES = {
+    "decimal-and-milli": ["--set", "resources.requests.cpu=0.5",
+                          "--set", "resources.limits.cpu=500m"],
+    "binary-and-bytes": ["--set", "resources.requests.memory=16Gi",
+                         "--set", "resources.limits.memory=17179869184"],
+    "exponent-and-plain": ["--set", "resources.requests.cpu=20e-1",
+                           "--set", "resources.limits.cpu=2"],
+    "kilo-and-plain": ["--set-string", "resources.requests.cpu=0.004k",
+                       "--set", "resources.limits.cpu=4"],
 }
 
 
@@ -61,6 +82,13 @@ def test_bad_values_fail_with_a_message_naming_the_key(
     proc = run_helm(helms[which], "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
     assert proc.returncode != 0, f"{case} rendered:\n{proc.stdout[:500]}"
     assert key in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("case", sorted(EQUAL_QUANTITIES))
+def test_a_request_equal_to_its_limit_in_another_notation_renders(helm4: str, case: str) -> None:
+    proc = run_helm(helm4, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                    *EQUAL_QUANTITIES[case])
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_notes_tell_how_to_watch_read_logs_by_rank_and_reach_metrics(helm4: str) -> None:

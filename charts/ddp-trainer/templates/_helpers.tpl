@@ -151,13 +151,62 @@ down; milliseconds are dropped.
 {{- end }}
 
 {{/*
-Checks the schema cannot express: cross-field rules of the training operator's admission webhook,
-and under apiKind TrainJob every value that Trainer v2 cannot express (never dropped silently).
+A Kubernetes quantity (the schema checks its form: 2, 0.5, "500m", "16Gi", "1e3") in thousandths
+of its unit, as a decimal string: sprig's mulf multiplies in decimal, so "0.1" and "100m" are
+equal.
+*/}}
+{{- define "ddp-trainer.milli" -}}
+{{- $text := toString . }}
+{{- $suffixes := dict "" 1000 "m" 1 "k" 1e6 "M" 1e9 "G" 1e12 "T" 1e15 "P" 1e18 "E" 1e21 "Ki" 1024e3 "Mi" 1048576e3 "Gi" 1073741824e3 "Ti" 1099511627776e3 "Pi" 1125899906842624e3 "Ei" 1152921504606846976e3 }}
+{{- $number := regexFind "^[+]?([0-9]+[.]?[0-9]*|[.][0-9]+)" $text }}
+{{- $suffix := trimPrefix $number $text }}
+{{- if regexMatch "^[eE]" $suffix }}
+{{- $exp := int (trimPrefix "+" (substr 1 -1 $suffix)) }}
+{{- $scale := 1000.0 }}
+{{- range until (int (ternary $exp (sub 0 $exp) (gt $exp 0))) }}
+{{- $scale = ternary (mulf $scale 10) (divf $scale 10) (gt $exp 0) }}
+{{- end }}
+{{- mulf (float64 $number) $scale }}
+{{- else }}
+{{- mulf (float64 $number) (get $suffixes $suffix) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Kubernetes' rules for a container's requests and limits (ValidateResourceRequirements), which
+it applies only when the operator creates the pods: the job would sit with no pods and the
+refusal only in an event. cpu, memory and ephemeral-storage may request less than their limit;
+every other resource (GPUs, RDMA devices, hugepages) needs a limit equal to its request.
+*/}}
+{{- define "ddp-trainer.validateResources" -}}
+{{- $requests := default dict .Values.resources.requests }}
+{{- $limits := fromYaml (include "ddp-trainer.resources" .) | dig "limits" dict }}
+{{- range $name, $request := $requests }}
+{{- $overcommit := has $name (list "cpu" "memory" "ephemeral-storage") }}
+{{- if hasKey $limits $name }}
+{{- $r := include "ddp-trainer.milli" $request | float64 }}
+{{- $l := include "ddp-trainer.milli" (get $limits $name) | float64 }}
+{{- if and $overcommit (gt $r $l) }}
+{{- fail (printf "resources.requests.%s (%v) is above resources.limits.%s (%v): Kubernetes refuses the pods; lower the request or raise the limit" $name $request $name (get $limits $name)) }}
+{{- else if and (not $overcommit) (ne $r $l) }}
+{{- fail (printf "resources.requests.%s (%v) must equal its limit (%v): Kubernetes does not overcommit %s; set both to the same count, or leave the request out (it defaults to the limit)" $name $request (get $limits $name) $name) }}
+{{- end }}
+{{- else if not $overcommit }}
+{{- fail (printf "resources.requests.%s needs an equal limit: Kubernetes does not overcommit %s; set resources.limits.%s (or gpusPerReplica for GPUs) to the same count" $name $name $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checks the schema cannot express: cross-field rules of the training operator's admission webhook
+and of Kubernetes' pod validation, and under apiKind TrainJob every value that Trainer v2 cannot
+express (never dropped silently).
 */}}
 {{- define "ddp-trainer.validate" -}}
 {{- if include "ddp-trainer.isTrainJob" . }}
 {{- include "ddp-trainer.validateTrainJob" . }}
 {{- end }}
+{{- include "ddp-trainer.validateResources" . }}
 {{- if and .Values.elastic.enabled (lt (int .Values.worker.replicas) 1) }}
 {{- fail "elastic.enabled: an elastic PyTorchJob needs a Worker replica spec; set worker.replicas to 1 or more" }}
 {{- end }}
