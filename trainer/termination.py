@@ -69,10 +69,11 @@ def record(line: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         found = json.loads(Path(path).read_text(encoding="utf-8"))
         data = found if isinstance(found, dict) else {}
+    now = time.time()
     data.setdefault("message", line)
-    data.setdefault("timestamp", int(time.time()))
+    data.setdefault("timestamp", int(now))
     data[LINE_KEY] = line
-    data[TIME_KEY] = time.time()
+    data[TIME_KEY] = now
     with contextlib.suppress(OSError):
         Path(path).write_text(json.dumps(data), encoding="utf-8")
 
