@@ -21,6 +21,8 @@ def test_ddp_trainer_jobs_runs_the_same_commands(
     assert "State:       Running" in capsys.readouterr().out
     assert ddp_trainer_main(["jobs", "status", "nope"]) == 2
     assert 'pytorchjob "nope" not found' in capsys.readouterr().err
+    assert ddp_trainer_main(["jobs", "status", ""]) == 2  # the flags' checks run here too
+    assert "job name '' is not a Kubernetes object name" in capsys.readouterr().err
 
 
 def test_ddp_trainer_jobs_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:

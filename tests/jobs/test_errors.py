@@ -164,6 +164,51 @@ def test_a_duration_flag_out_of_range_is_named(
     assert f"{argv[-2]} {argv[-1]} is not a number of seconds > 0" in line, line
 
 
+# A value the server would misread: an empty name fetches the list of jobs (shown as an empty
+# job), a negative --tail shows nothing, a --rate-window is pasted into PromQL.
+BAD_ARGUMENTS = {
+    "empty-name": (["status", ""], "job name '' is not a Kubernetes object name"),
+    "name-with-a-slash": (["logs", "mnist/x"], "job name 'mnist/x' is not a Kubernetes"),
+    "name-in-capitals": (["delete", "MNIST"], "job name 'MNIST' is not a Kubernetes"),
+    "name-too-long": (["wait", "a" * 254], "job name 'aaaaaaaaaa"),
+    "namespace-with-underscore": (["list", "-n", "my_ns"], "namespace 'my_ns' (-n/--namespace)"),
+    "namespace-with-a-dot": (["status", "mnist", "-n", "a.b"], "namespace 'a.b'"),
+    "negative-tail": (["logs", "mnist", "--tail", "-5"], "--tail -5 is negative"),
+    "prometheus-not-a-url": (["status", "mnist", "--prometheus", "localhost:9090"],
+                             "--prometheus 'localhost:9090' is not an http(s) URL"),
+    "prometheus-ftp": (["status", "mnist", "--prometheus", "ftp://prom"], "not an http(s) URL"),
+    "rate-window-not-a-duration": (["status", "mnist", "--rate-window", "1m])"],
+                                   "--rate-window '1m])' is not a Prometheus duration"),
+    "rate-window-zero": (["status", "mnist", "--rate-window", "0s"], "--rate-window '0s'"),
+    "timeout-not-a-duration": (["wait", "mnist", "--timeout", "soon"], "--timeout 'soon'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
+def test_a_name_or_flag_the_server_would_misread_is_named_before_any_request(
+        case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # No kubeconfig at all: a check made after loading it would fail on that instead.
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    argv, named = BAD_ARGUMENTS[case]
+    assert kubectl_main(argv) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert named in line, line
+    assert len(line) < 300, line  # a long name is cut, not echoed whole
+
+
+def test_a_namespace_from_the_context_that_is_no_namespace_name_is_named(
+        cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "kubeconfig.yaml"
+    kubeconfig(path, {"typo": (cluster.url, "Training")}, current="typo")
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    assert kubectl_main(["list"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "namespace 'Training' (the kubeconfig context's)" in line, line
+
+
 def test_kubeconfig_flag_wins_over_the_environment(
         cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.jobs.commands import parse_duration
+from trainer.jobs.arguments import parse_duration
 from trainer.jobs.errors import JobsError
 from trainer.jobs.logs import iter_lines, split_timestamp
 from trainer.jobs.views import PodView, rank_pods

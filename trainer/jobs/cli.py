@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.errors import TrainerError
-from trainer.jobs import commands
+from trainer.jobs import arguments, commands
 from trainer.jobs.errors import EXIT_ERROR, EXIT_FAILED, EXIT_SUCCEEDED, EXIT_TIMEOUT
 from trainer.jobs.kinds import CHOICES
 
@@ -70,7 +70,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     def add(name: str, func: Callable[[argparse.Namespace], int], help_: str,
             epilog: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_, epilog=epilog, parents=[common])
-        p.set_defaults(func=_interruptible(func))
+        p.set_defaults(func=_command(func))
         return p
 
     p = add("list", commands.cmd_list,
@@ -117,11 +117,14 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     _name(p)
 
 
-def _interruptible(
+def _command(
     func: Callable[[argparse.Namespace], int],
 ) -> Callable[[argparse.Namespace], int]:
-    # Ctrl-C ends `logs -f` and `wait` normally: exit 130 like a shell, no traceback.
+    # The flags are checked before the command sends anything, whichever CLI parsed them
+    # (`ddp-trainer jobs` or `kubectl ddp`). Ctrl-C ends `logs -f` and `wait` normally: exit
+    # 130 like a shell, no traceback.
     def call(args: argparse.Namespace) -> int:
+        arguments.check(args)
         try:
             return func(args)
         except KeyboardInterrupt:

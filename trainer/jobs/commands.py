@@ -4,11 +4,11 @@ problems are raised as JobsError (one line: problem and fix), which the CLI prin
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 
 from trainer.jobs import logs, prom, render
+from trainer.jobs.arguments import check_namespace, parse_duration
 from trainer.jobs.errors import (
     EXIT_FAILED,
     EXIT_SUCCEEDED,
@@ -18,20 +18,23 @@ from trainer.jobs.errors import (
 )
 from trainer.jobs.kinds import CHOICES, LABEL_JOBSET, LABEL_RJOB, TRAINER_RJOB, TRAINJOB, Kind
 from trainer.jobs.kube import Cluster, Target, connect, job_not_found
-from trainer.jobs.kubeconfig import check_seconds
 from trainer.jobs.views import JobView, PodView, job_view, pod_view, rank_pods, with_pod_counts
 
 
 def cluster_from(args: argparse.Namespace) -> Cluster:
-    check_seconds("--request-timeout", args.request_timeout)
-    return connect(
+    """The cluster of the kubeconfig (or service account), once the flags are checked
+    (:func:`trainer.jobs.arguments.check`, run by the CLI before every command)."""
+    cluster = connect(
         Target(
             kubeconfig=args.kubeconfig,
             context=args.context,
-            namespace=args.namespace,
+            namespace=args.namespace or None,
             request_timeout=args.request_timeout,
         )
     )
+    if not args.namespace:
+        check_namespace(cluster.namespace, "the kubeconfig context's")
+    return cluster
 
 
 def requested(args: argparse.Namespace) -> tuple[Kind, ...]:
@@ -139,7 +142,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    check_seconds("--poll-interval", args.poll_interval)
     cluster = cluster_from(args)
     timeout = parse_duration(args.timeout)
     started = time.monotonic()
@@ -210,20 +212,3 @@ def _set_suspend(args: argparse.Namespace, suspend: bool) -> int:
         cluster.merge_patch(kind, args.name, kind.suspend_patch(suspend))
     print(f"{kind.singular}.{kind.group}/{args.name} {verb}")
     return 0
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-def parse_duration(text: str) -> float:
-    """kubectl-style durations: "90", "90s", "15m", "1h30m"; 0 means no limit."""
-    text = text.strip()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise JobsError(
-            f"--timeout {text!r} is not a duration", 'use e.g. "90s", "30m", "2h", or 0 for none'
-        )
-    return sum(float(n) * _UNITS[u] for n, u in parts)

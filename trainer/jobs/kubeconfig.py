@@ -4,14 +4,13 @@ what is wrong in it."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import yaml
 
 from trainer.config_load import yaml_problem
 from trainer.errors import first_line, missing
-from trainer.jobs.errors import BadArgument, KubeconfigError
+from trainer.jobs.errors import KubeconfigError
 
 SECTIONS = ("clusters", "contexts", "users")
 FIX = "pass a kubeconfig (kubectl config view --raw writes one) with --kubeconfig or KUBECONFIG"
@@ -56,10 +55,3 @@ def reason(exc: BaseException) -> str:
     """A ConfigException's text; another exception's type too (a bare KeyError is a key)."""
     text = first_line(exc, 200, empty="(no message)")
     return text if type(exc).__name__ == "ConfigException" else f"{type(exc).__name__}: {text}"
-
-
-def check_seconds(flag: str, value: float) -> None:
-    """A duration flag of the job commands: finite and > 0."""
-    if not (math.isfinite(value) and value > 0):
-        raise BadArgument(f"{flag} {value:g} is not a number of seconds > 0",
-                          f"pass {flag} a positive number, e.g. {flag} 30")
