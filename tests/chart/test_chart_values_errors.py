@@ -58,6 +58,8 @@ BAD_VALUES = {
     "gpu-request-not-its-limit": (["--set", "gpusPerReplica=2",
                                    "--set", "resources.requests.nvidia\\.com/gpu=1"],
                                   "nvidia.com/gpu"),
+    # the rendezvous store and the metrics server would fight over the port at run time
+    "master-port-is-the-metrics-port": (["--set", "masterPort=9310"], "metrics.port"),
 }
 
 # The same quantity in two notations: equal, so within the limit.

@@ -207,6 +207,9 @@ express (never dropped silently).
 {{- include "ddp-trainer.validateTrainJob" . }}
 {{- end }}
 {{- include "ddp-trainer.validateResources" . }}
+{{- if and (not (include "ddp-trainer.isTrainJob" .)) (eq (int .Values.masterPort) (int .Values.metrics.port)) }}
+{{- fail (printf "masterPort and metrics.port are both %d: the Master's rendezvous and the metrics endpoint cannot listen on one port; pick another for either" (int .Values.masterPort)) }}
+{{- end }}
 {{- if and .Values.elastic.enabled (lt (int .Values.worker.replicas) 1) }}
 {{- fail "elastic.enabled: an elastic PyTorchJob needs a Worker replica spec; set worker.replicas to 1 or more" }}
 {{- end }}
