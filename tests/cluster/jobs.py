@@ -327,5 +327,5 @@ def status_terminations(release: Release) -> dict[str, list[str]]:
     proc = jobs("status", release.job, "-n", release.namespace)
     assert proc.returncode == 0, proc.stderr
     assert "Terminated:\n" in proc.stdout, proc.stdout
-    rows = proc.stdout.split("Terminated:\n")[1].splitlines()[1:]
+    rows = proc.stdout.split("Terminated:\n")[1].split("Warnings:")[0].splitlines()[1:]
     return {cells[0]: cells for cells in (re.split(r"\s{3,}", row.strip()) for row in rows)}

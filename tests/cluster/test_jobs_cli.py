@@ -5,18 +5,22 @@ API server answers is one line with the documented exit code (docs/jobs.md)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.cluster import sdk
 from tests.cluster.helm import Release, release_name
 from tests.cluster.jobs import (
     BIN,
     SHORT,
+    TRAINJOB,
     assert_logs_by_rank,
     container_id,
     jobs,
@@ -26,6 +30,7 @@ from tests.cluster.jobs import (
 )
 from tests.cluster.kube import (
     KUBECTL,
+    REPO,
     STATE,
     Cluster,
     api_endpoint,
@@ -174,28 +179,78 @@ def test_a_change_an_admission_policy_refuses_is_one_line_exit_2(
                         "validatingadmissionpolicy", name, check=False)
 
 
+# The API server's admission refuses each pod; the controllers only record it as an event on
+# the object they act for: the PyTorchJob (the training operator's FailedCreatePod) and the
+# TrainJob's child Job (the Job controller's FailedCreate).
+NO_PRIORITY_CLASS = {"priorityClassName": "no-such-class"}
+NO_CLASS_FOUND = "no PriorityClass with name no-such-class was found"
+
+
+@pytest.mark.parametrize("kind", [{}, merged(TRAINJOB, {"trainJob": {"createRuntime": True}})],
+                         ids=["pytorchjob", "trainjob"])
+def test_status_shows_why_a_job_has_no_pods(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, kind: dict[str, object]) -> None:
+    release = Release(cluster, release_name(), cluster.namespace("nopods"),
+                      merged(SHORT, NO_PRIORITY_CLASS, kind))
+    release.install(chart_ref, tmp=tmp_path)
+    # as a user holding only the documented Role: it must be enough to see the warnings
+    role = documented_role(release.namespace)
+    cluster.apply(role)
+    user = service_account_kubeconfig(cluster, release.namespace, "viewer",
+                                      tmp_path / "viewer.kubeconfig")
+    cluster.kubectl("create", "rolebinding", "viewer", "-n", release.namespace,
+                    f"--role={role['metadata']['name']}",
+                    f"--serviceaccount={release.namespace}:viewer")
+    shown: list[str] = []
+
+    def refusal_shown() -> bool:
+        proc = jobs("status", release.job, kubeconfig=user)
+        assert proc.returncode == 0, proc.stderr
+        shown[:] = proc.stdout.split("Warnings:\n")[1].splitlines()
+        return any(NO_CLASS_FOUND in line for line in shown)
+
+    wait_until(refusal_shown, f"the {release.kind}'s refused pods in `jobs status`", timeout=120)
+    print("\n".join(shown))
+    assert cluster.kubectl("get", "pods", "-n", release.namespace, "-o", "name").stdout == ""
+
+
 def test_a_missing_job_is_one_line_exit_2(done: Release) -> None:
     proc = jobs("status", "nosuch", "-n", done.namespace)
     assert_one_line(proc, EXIT_ERROR, "nosuch", "not found")
 
 
-@pytest.fixture
-def unprivileged(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """A kubeconfig of a ServiceAccount with no RBAC binding at all (its token from the
-    TokenRequest API): every read of a job is refused with 403."""
-    ns = cluster.namespace("rbac")
-    cluster.kubectl("create", "serviceaccount", "nobody", "-n", ns)
-    token = cluster.kubectl("create", "token", "nobody", "-n", ns).stdout.strip()
-    config = tmp_path / "nobody.kubeconfig"
+def service_account_kubeconfig(cluster: Cluster, ns: str, name: str, path: Path) -> Path:
+    """A kubeconfig at `path` of a new ServiceAccount `name` in `ns` (its token from the
+    TokenRequest API), with whatever RBAC is bound to it."""
+    cluster.kubectl("create", "serviceaccount", name, "-n", ns)
+    token = cluster.kubectl("create", "token", name, "-n", ns).stdout.strip()
     base = cluster.kubectl("config", "view", "--raw", "--minify", "-o",
                            "jsonpath={.clusters[0].cluster.server}").stdout
     ca = STATE / "pki" / "ca.crt"
-    config.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: nobody\n"
+    path.write_text(
+        f"apiVersion: v1\nkind: Config\ncurrent-context: {name}\n"
         f"clusters: [{{name: c, cluster: {{server: '{base}', certificate-authority: '{ca}'}}}}]\n"
-        "users: [{name: nobody, user: {token: '" + token + "'}}]\n"
-        f"contexts: [{{name: nobody, context: {{cluster: c, user: nobody, namespace: {ns}}}}}]\n")
-    yield config
+        f"users: [{{name: {name}, user: {{token: '{token}'}}}}]\n"
+        f"contexts: [{{name: {name}, context: {{cluster: c, user: {name}, namespace: {ns}}}}}]\n")
+    return path
+
+
+@pytest.fixture
+def unprivileged(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
+    """A kubeconfig of a ServiceAccount with no RBAC binding at all: every read of a job is
+    refused with 403."""
+    yield service_account_kubeconfig(cluster, cluster.namespace("rbac"), "nobody",
+                                     tmp_path / "nobody.kubeconfig")
+
+
+def documented_role(namespace: str) -> dict[str, Any]:
+    """The Role docs/jobs.md (Permissions) tells users to grant."""
+    text = (REPO / "docs" / "jobs.md").read_text()
+    found = re.search(r"### Permissions\n.*?```yaml\n(.*?)```", text, re.S)
+    assert found, "no Role under docs/jobs.md's Permissions"
+    role: dict[str, Any] = yaml.safe_load(found.group(1))
+    role["metadata"]["namespace"] = namespace
+    return role
 
 
 def test_a_forbidden_user_is_one_line_exit_2(done: Release, unprivileged: Path) -> None:

@@ -31,6 +31,8 @@ import requests
 JOBS = kmock.resource("kubeflow.org/v1/pytorchjobs")
 TRAINJOBS = kmock.resource("trainer.kubeflow.org/v1alpha1/trainjobs")
 PODS = kmock.resource("v1/pods")
+EVENTS = kmock.resource("v1/events")
+BATCH_JOBS = kmock.resource("batch/v1/jobs")
 JOB_NAME = "training.kubeflow.org/job-name"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
 REPLICA_INDEX = "training.kubeflow.org/replica-index"
@@ -140,6 +142,10 @@ class FakeCluster:
                 kind="Pod", singular="pod", namespaced=True, verbs={"get", "list"},
                 subresources={"log", "status"},
             )
+            k.resources["v1/events"] = kmock.ResourceInfo(
+                kind="Event", singular="event", namespaced=True, verbs={"get", "list"})
+            k.resources["batch/v1/jobs"] = kmock.ResourceInfo(
+                kind="Job", singular="job", namespaced=True, verbs={"get", "list"})
             k["get", PODS, kmock.subresource("log")] << self._serve_log
             self.url = str(server.url).rstrip("/")
             self._ready.set()
@@ -166,6 +172,12 @@ class FakeCluster:
         meta = obj["metadata"]
         self.call(lambda: self.k.objects.__setitem__((PODS, meta["namespace"], meta["name"]), obj))
         self.logs[(meta["namespace"], meta["name"])] = log or PodLog()
+
+    def add(self, resource: Any, obj: dict[str, Any]) -> None:
+        """Any other object (an Event, a batch Job), stored as the API server would."""
+        meta = obj["metadata"]
+        self.call(lambda: self.k.objects.__setitem__(
+            (resource, meta["namespace"], meta["name"]), obj))
 
     def patch_job(self, namespace: str, name: str, patch: dict[str, Any],
                   path: str = "kubeflow.org/v1/namespaces/{ns}/pytorchjobs") -> None:
@@ -400,6 +412,27 @@ def node_pod(job_name: str, index: int, namespace: str = "training", *,
     obj["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": str(index)}
     obj["spec"]["containers"][0]["name"] = "node"
     obj["status"]["containerStatuses"][0]["name"] = "node"
+    return obj
+
+
+def event(kind: str, name: str, reason: str, message: str, at: dt.datetime, *,
+          namespace: str = "training", type_: str = "Warning", count: int = 1,
+          series: bool = False) -> dict[str, Any]:
+    """A core/v1 Event about `kind`/`name`: as controllers record them (count, lastTimestamp),
+    or with `series` as the scheduler does through events.k8s.io (eventTime, series.count)."""
+    obj: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Event", "type": type_, "reason": reason,
+        "message": message,
+        "metadata": {"name": f"{name}.{reason.lower()}{int(at.timestamp())}",
+                     "namespace": namespace, "creationTimestamp": stamp(at)},
+        "involvedObject": {"kind": kind, "name": name, "namespace": namespace},
+    }
+    if series:
+        micro = at.strftime("%Y-%m-%dT%H:%M:%S.000000Z")
+        obj |= {"eventTime": micro, "series": {"count": count, "lastObservedTime": micro},
+                "reportingComponent": "default-scheduler"}
+    else:
+        obj |= {"count": count, "firstTimestamp": stamp(at), "lastTimestamp": stamp(at)}
     return obj
 
 

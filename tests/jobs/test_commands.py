@@ -51,7 +51,8 @@ def test_status_shows_conditions_replicas_and_pods_with_node_and_restarts(ddp) -
     assert "State:       Running" in out
     assert "GPUs:        6" in out
     assert "PyTorchJobRunning" in out and "PyTorchJob training/mnist is running." in out
-    pods = {line.split()[1]: line.split() for line in out.split("Pods:")[1].splitlines()[2:]}
+    section = out.split("Pods:")[1].split("Warnings:")[0]
+    pods = {line.split()[1]: line.split() for line in section.splitlines()[2:]}
     # RANKS NAME TYPE PHASE READY RESTARTS NODE AGE
     assert pods["mnist-master-0"][0] == "0" and pods["mnist-master-0"][6] == "gpu-node-1"
     assert pods["mnist-worker-0"][0] == "1" and pods["mnist-worker-0"][6] == "gpu-node-2"
@@ -203,7 +204,8 @@ def test_logs_of_pods_with_several_ranks_name_the_rank_range(ddp, cluster: FakeC
     assert result.out.splitlines() == ["[ranks 4-7] [rank 5] WARNING slow"]
     status = ddp("status", "big").out
     assert "Ranks/pod:   4" in status
-    assert [line.split()[0] for line in status.split("Pods:")[1].splitlines()[2:]] == [
+    section = status.split("Pods:")[1].split("Warnings:")[0]
+    assert [line.split()[0] for line in section.splitlines()[2:]] == [
         "0-3", "4-7"]
 
 
@@ -229,7 +231,7 @@ def test_status_shows_each_pods_exit_class_and_termination_message(
         4, "Error", "[rank 2] error: rank 0 stopped responding (fix: see its log)")))
     result = ddp("status", "crashed")
     assert result.code == 0, result.err
-    section = result.out.split("Terminated:\n")[1].splitlines()
+    section = result.out.split("Terminated:\n")[1].split("Warnings:")[0].splitlines()
     assert section[0].split() == ["NAME", "PHASE", "EXIT", "CLASS", "RESTARTS", "WHEN",
                                   "MESSAGE"]
     # columns are three spaces apart; a cell (a class, a message) may hold single spaces

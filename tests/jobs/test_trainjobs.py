@@ -49,7 +49,8 @@ def test_status_shows_reported_progress_metrics_runtime_and_node_ranks(ddp2) -> 
     assert metrics["val_accuracy"] == ["val_accuracy", "0.9361"]
     replicas = out.split("Replicas:")[1].split("Conditions:")[0]
     assert ["node", "2", "2", "0", "0", "4"] in [line.split() for line in replicas.splitlines()]
-    pods = [line.split() for line in out.split("Pods:")[1].splitlines()[2:]]
+    section = out.split("Pods:")[1].split("Warnings:")[0]
+    pods = [line.split() for line in section.splitlines()[2:]]
     # RANKS NAME TYPE PHASE READY RESTARTS NODE AGE: completion index = node rank.
     assert [(p[0], p[1], p[2], p[6]) for p in pods] == [
         ("0-3", "llm-node-0-0-x0z9", "node-0", "gpu-node-4"),

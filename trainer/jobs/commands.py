@@ -16,6 +16,7 @@ from trainer.jobs.errors import (
     AmbiguousJob,
     JobsError,
 )
+from trainer.jobs.events import job_events
 from trainer.jobs.kinds import CHOICES, LABEL_JOBSET, LABEL_RJOB, TRAINER_RJOB, TRAINJOB, Kind
 from trainer.jobs.kube import Cluster, Target, connect, job_not_found
 from trainer.jobs.views import JobView, PodView, job_view, pod_view, rank_pods, with_pod_counts
@@ -104,7 +105,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
     kind, job = find_job(cluster, args.name, requested(args))
     pods = get_pods(cluster, kind, job)
-    print(render.job_status(with_pod_counts(job, pods), pods))
+    print(render.job_status(with_pod_counts(job, pods), pods,
+                            job_events(cluster, kind, job, pods)))
     if args.prometheus:
         sys.stdout.flush()
         metrics = prom.job_metrics(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
+from trainer.jobs.events import EventView
 from trainer.jobs.views import JobView, PodView
 
 
@@ -77,7 +78,8 @@ def trainer_status(job: JobView, now: dt.datetime | None = None) -> list[str]:
     return lines
 
 
-def job_status(job: JobView, pods: Sequence[PodView]) -> str:
+def job_status(job: JobView, pods: Sequence[PodView],
+               events: Sequence[EventView] | str = ()) -> str:
     lines = [
         f"Name:        {job.name}",
         f"Kind:        {job.kind}",
@@ -134,6 +136,15 @@ def job_status(job: JobView, pods: Sequence[PodView]) -> str:
     else:
         lines.append("  <none>")
     lines += terminations(pods)
+    lines.append("Warnings:")
+    if isinstance(events, str):
+        lines.append(f"  <{events}>")
+    elif events:
+        lines.append(table(["AGE", "OBJECT", "REASON", "COUNT", "MESSAGE"],
+                           [[age(e.last), f"{e.kind}/{e.name}", e.reason, str(e.count),
+                             e.message] for e in events], indent="  "))
+    else:
+        lines.append("  <none>")
     return "\n".join(lines)
 
 

@@ -203,7 +203,7 @@ def job_view(obj: dict[str, Any]) -> JobView:
     return JobView(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace") or ""),
-        created=_aware(meta.get("creationTimestamp")),
+        created=aware(meta.get("creationTimestamp")),
         suspended=bool(_map(spec.get("runPolicy")).get("suspend")),
         conditions=_conditions(status),
         replicas=tuple(replicas),
@@ -223,7 +223,7 @@ def _trainjob_view(obj: dict[str, Any]) -> JobView:
     return JobView(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace") or ""),
-        created=_aware(meta.get("creationTimestamp")),
+        created=aware(meta.get("creationTimestamp")),
         suspended=bool(spec.get("suspend")),
         conditions=_conditions(status),
         # The runtime decides the node count when the TrainJob does not (0: not known here).
@@ -246,7 +246,7 @@ def _trainer_status(raw: dict[str, Any]) -> TrainerStatusView | None:
         remaining_seconds=_int(eta) if eta is not None else None,
         metrics=tuple((str(m.get("name", "")), str(m.get("value", "")))
                       for m in (raw.get("metrics") or []) if isinstance(m, dict)),
-        updated=_aware(raw.get("lastUpdatedTime")),
+        updated=aware(raw.get("lastUpdatedTime")),
     )
 
 
@@ -257,7 +257,7 @@ def _conditions(status: dict[str, Any]) -> tuple[Condition, ...]:
             status=str(c.get("status", "")),
             reason=str(c.get("reason") or ""),
             message=str(c.get("message") or ""),
-            last_transition=_aware(c.get("lastTransitionTime")),
+            last_transition=aware(c.get("lastTransitionTime")),
         )
         for c in (status.get("conditions") or [])
         if isinstance(c, dict)
@@ -287,7 +287,7 @@ def pod_view(pod: Any, kind: Kind = PYTORCHJOB) -> PodView:
         node=str((pod.spec.node_name if pod.spec else None) or "-"),
         restarts=int(sum(int(s.restart_count or 0) for s in statuses)),
         ready=bool(main is not None and main.ready),
-        started=_aware(pod.status.start_time if pod.status else None),
+        started=aware(pod.status.start_time if pod.status else None),
         waiting_reason=str(waiting.reason or "") if waiting is not None else "",
         container=kind.container,
         terminated=_termination(main),
@@ -360,7 +360,7 @@ def _master_first(item: tuple[str, Any]) -> tuple[int, str]:
     return (0 if str(item[0]).lower() == "master" else 1, str(item[0]))
 
 
-def _aware(value: Any) -> dt.datetime | None:
+def aware(value: Any) -> dt.datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
