@@ -58,6 +58,14 @@ BAD_VALUES = {
     "gpu-request-not-its-limit": (["--set", "gpusPerReplica=2",
                                    "--set", "resources.requests.nvidia\\.com/gpu=1"],
                                   "nvidia.com/gpu"),
+    "toleration-exists-with-a-value": (["--set", "tolerations[0].key=a", "--set",
+                                        "tolerations[0].operator=Exists",
+                                        "--set", "tolerations[0].value=x"], "tolerations[0]"),
+    "toleration-seconds-without-no-execute": (["--set", "tolerations[0].key=a", "--set",
+                                               "tolerations[0].tolerationSeconds=5"],
+                                              "tolerations[0]"),
+    "toleration-operator-misspelt": (["--set", "tolerations[0].key=a", "--set",
+                                      "tolerations[0].operator=Exist"], "operator"),
     # the rendezvous store and the metrics server would fight over the port at run time
     "master-port-is-the-metrics-port": (["--set", "masterPort=9310"], "metrics.port"),
 }

@@ -1,6 +1,7 @@
-"""The chart refuses at render exactly the requests and limits the real API server refuses
-(`ddp-trainer.validateResources`): a pod the chart let through would never be created, the
-refusal only an event on the job; a valid one it refused would block the install."""
+"""The chart refuses at render exactly the requests and limits, and the tolerations, the real API
+server refuses (`ddp-trainer.validateResources`, `ddp-trainer.validateTolerations` and the
+schema): a pod the chart let through would never be created, the refusal only an event on the
+job; a valid one it refused would block the install."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.cluster.kube import Cluster
 from tests.cluster.test_cluster import pod
 
 # case: (requests, limits), as a user writes them under the chart's `resources`
-CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+RESOURCES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "cpu-limit-below-request": ({"cpu": "2"}, {"cpu": "1500m"}),
     "cpu-equal-as-exponent": ({"cpu": "20e-1"}, {"cpu": "2"}),
     "cpu-equal-as-decimal-and-milli": ({"cpu": "0.1"}, {"cpu": "100m"}),
@@ -29,39 +30,43 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 
+# case: one toleration, as a user writes it under the chart's `tolerations`
+TOLERATIONS: dict[str, dict[str, Any]] = {
+    "exists-without-key": {"operator": "Exists"},
+    "equal-without-key": {"operator": "Equal", "value": "x"},
+    "exists-with-a-value": {"key": "a", "operator": "Exists", "value": "x"},
+    "seconds-without-no-execute": {"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5},
+    "seconds-with-no-execute": {"key": "a", "effect": "NoExecute", "tolerationSeconds": 5},
+    "operator-misspelt": {"key": "a", "operator": "Exist"},
+    "effect-misspelt": {"key": "a", "operator": "Exists", "effect": "NoSchedul"},
+    "equal-with-value-and-effect": {"key": "a", "value": "b", "effect": "NoSchedule"},
+}
+
+
 @pytest.fixture(scope="module")
 def namespace(cluster: Cluster) -> str:
-    return cluster.namespace("resources")
+    return cluster.namespace("podrules")
 
 
-def chart_accepts(cluster: Cluster, tmp_path: Path, requests: dict[str, Any],
-                  limits: dict[str, Any]) -> bool:
-    # null drops a default (cpu and memory are set in both): the values hold only the case's.
-    defaults = {"cpu": None, "memory": None}
-    values = {"gpusPerReplica": 0,
-              "resources": {"requests": {**defaults, **requests},
-                            "limits": {**defaults, **limits}}}
+def render(cluster: Cluster, tmp_path: Path, values: dict[str, Any]) -> dict[str, Any] | None:
+    """The Master's pod spec the chart renders with `values`, or None when it refuses them
+    (naming the value)."""
     path = tmp_path / "values.json"
-    path.write_text(json.dumps(values))
-    proc = helm(HELM4, "template", "resources", str(CHART), "-f", str(path), cluster=cluster,
+    path.write_text(json.dumps({"gpusPerReplica": 0, **values}))
+    proc = helm(HELM4, "template", "rules", str(CHART), "-f", str(path), cluster=cluster,
                 check=False)
-    if proc.returncode == 0:
-        (job,) = [doc for doc in yaml.safe_load_all(proc.stdout)
-                  if doc and doc["kind"] == "PyTorchJob"]
-        (container,) = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
-            "containers"]
-        want = {key: value for key, value in (("requests", requests), ("limits", limits))
-                if value}
-        assert container.get("resources", {}) == want, container
-        return True
-    assert "resources.requests." in proc.stderr, proc.stderr
-    return False
+    if proc.returncode != 0:
+        assert any(key in proc.stderr for key in values), proc.stderr
+        return None
+    (job,) = [doc for doc in yaml.safe_load_all(proc.stdout)
+              if doc and doc["kind"] == "PyTorchJob"]
+    spec: dict[str, Any] = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    return spec
 
 
-def api_server_accepts(cluster: Cluster, namespace: str, requests: dict[str, Any],
-                       limits: dict[str, Any]) -> bool:
-    manifest = pod("resources", cluster.image, ["--version"],
-                   container={"resources": {"requests": requests, "limits": limits}})
+def api_server_accepts(cluster: Cluster, namespace: str, **spec: Any) -> bool:
+    container = spec.pop("container", {})
+    manifest = pod("rules", cluster.image, ["--version"], container=container, **spec)
     manifest["metadata"]["namespace"] = namespace
     proc = cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(manifest),
                            check=False)
@@ -69,10 +74,32 @@ def api_server_accepts(cluster: Cluster, namespace: str, requests: dict[str, Any
     return proc.returncode == 0
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(RESOURCES))
 def test_the_chart_refuses_exactly_the_resources_the_api_server_refuses(
         cluster: Cluster, namespace: str, tmp_path: Path, case: str) -> None:
-    requests, limits = CASES[case]
-    server = api_server_accepts(cluster, namespace, requests, limits)
-    assert chart_accepts(cluster, tmp_path, requests, limits) == server, \
+    requests, limits = RESOURCES[case]
+    server = api_server_accepts(cluster, namespace,
+                                container={"resources": {"requests": requests, "limits": limits}})
+    # null drops a default (cpu and memory are set in both): the values hold only the case's.
+    defaults = {"cpu": None, "memory": None}
+    spec = render(cluster, tmp_path, {"resources": {"requests": {**defaults, **requests},
+                                                    "limits": {**defaults, **limits}}})
+    if spec is not None:
+        want = {key: value for key, value in (("requests", requests), ("limits", limits))
+                if value}
+        (container,) = spec["containers"]
+        assert container.get("resources", {}) == want, container
+    assert (spec is not None) == server, \
+        f"the API server {'accepts' if server else 'refuses'} {case}; the chart does not"
+
+
+@pytest.mark.parametrize("case", sorted(TOLERATIONS))
+def test_the_chart_refuses_exactly_the_tolerations_the_api_server_refuses(
+        cluster: Cluster, namespace: str, tmp_path: Path, case: str) -> None:
+    toleration = TOLERATIONS[case]
+    server = api_server_accepts(cluster, namespace, tolerations=[toleration])
+    spec = render(cluster, tmp_path, {"tolerations": [toleration]})
+    if spec is not None:
+        assert toleration in spec["tolerations"], spec["tolerations"]
+    assert (spec is not None) == server, \
         f"the API server {'accepts' if server else 'refuses'} {case}; the chart does not"

@@ -198,6 +198,25 @@ every other resource (GPUs, RDMA devices, hugepages) needs a limit equal to its 
 {{- end }}
 
 {{/*
+Kubernetes' cross-field rules for a toleration (ValidateTolerations), which it applies only when
+the operator creates the pods. The schema checks each field's type and values.
+*/}}
+{{- define "ddp-trainer.validateTolerations" -}}
+{{- range $i, $t := .Values.tolerations }}
+{{- $operator := default "Equal" $t.operator }}
+{{- if and (not $t.key) (ne $operator "Exists") }}
+{{- fail (printf "tolerations[%d]: without a key a toleration matches every taint, which needs operator: Exists; set a key or operator: Exists" $i) }}
+{{- end }}
+{{- if and (eq $operator "Exists") $t.value }}
+{{- fail (printf "tolerations[%d]: operator Exists takes no value (%q); remove the value or use operator: Equal" $i $t.value) }}
+{{- end }}
+{{- if and (hasKey $t "tolerationSeconds") (ne (default "" $t.effect) "NoExecute") }}
+{{- fail (printf "tolerations[%d]: tolerationSeconds applies only to effect NoExecute; set effect: NoExecute or remove tolerationSeconds" $i) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 Checks the schema cannot express: cross-field rules of the training operator's admission webhook
 and of Kubernetes' pod validation, and under apiKind TrainJob every value that Trainer v2 cannot
 express (never dropped silently).
@@ -207,6 +226,7 @@ express (never dropped silently).
 {{- include "ddp-trainer.validateTrainJob" . }}
 {{- end }}
 {{- include "ddp-trainer.validateResources" . }}
+{{- include "ddp-trainer.validateTolerations" . }}
 {{- if and (not (include "ddp-trainer.isTrainJob" .)) (eq (int .Values.masterPort) (int .Values.metrics.port)) }}
 {{- fail (printf "masterPort and metrics.port are both %d: the Master's rendezvous and the metrics endpoint cannot listen on one port; pick another for either" (int .Values.masterPort)) }}
 {{- end }}
