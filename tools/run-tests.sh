@@ -26,7 +26,9 @@ two_log=.cache/cluster-two-nodes.log
 TWO_NODES=tests/cluster/test_two_nodes.py
 later_log=.cache/later.log
 LATER=(tests/examples/test_mytask.py tests/test_readme_commands.py tests/test_training.py
-       tests/data/test_images.py tests/data/test_tables.py)
+       tests/data/test_images.py tests/data/test_tables.py tests/sampling/test_sampler_resume.py
+       tests/robustness/test_nothing_lost.py tests/test_launch_trainer_v2.py
+       tests/metrics/test_trainjob_status_run.py)
 
 {
     { "$PY" -m tools.cluster up --nodes 2 && "$PY" -m tests.cluster.reserve; } >"$up_log" 2>&1 \
