@@ -4,14 +4,19 @@ written where no such file exists."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 from trainer import termination
-from trainer.errors import exit_class
+from trainer.errors import Preempted, exit_class
 from trainer.ranks.launcher import cause_line, exit_code_of
 
 
@@ -138,3 +143,42 @@ def test_the_error_line_is_one_write_so_ranks_sharing_a_pipe_never_interleave(
     monkeypatch.setenv(termination.ENV, "")
     termination.report("[rank 1] error: training loss became nan (fix: lower --lr)")
     assert stderr.calls == ["[rank 1] error: training loss became nan (fix: lower --lr)\n"]
+
+
+def handles_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM (SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+def test_sigterm_to_the_trainer_as_pid_1_while_it_starts_ends_it_at_once_with_143(
+        tmp_path: Path) -> None:
+    # PID 1 of its own PID namespace, as the trainer is in its container: a signal it has no
+    # handler for is ignored there, so a pod stopped in its first seconds waited out its grace
+    # period. The SIGTERM goes out as soon as the first handler is in place, while torch is
+    # still importing (a second or more), long before training's own handler would be.
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "trainer", "train",
+         "--dataset", "digits", "--epochs", "1000", "--metrics-port", "0",
+         "--checkpoint-dir", str(ckpt), "--output-dir", str(tmp_path / "out")],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        deadline = time.monotonic() + 60
+        trainer_pid = 0
+        while not (trainer_pid and handles_sigterm(trainer_pid)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the trainer never began"
+            found = children.read_text().split() if children.exists() else []
+            trainer_pid = int(found[0]) if found else 0
+            time.sleep(0.002)
+        os.kill(trainer_pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == Preempted.exit_code, err
+    # stopped before training began: training's own handler would have checkpointed first
+    assert not ckpt.exists() and "Traceback" not in err, err

@@ -25,6 +25,7 @@ import yaml
 from trainer import __version__, termination
 from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
+from trainer.distributed.preemption import stopped_while_starting
 from trainer.errors import RankLost, TrainerError, missing
 
 # flag -> (section, key): a shortcut for one config field; its type and help are the field's.
@@ -375,6 +376,11 @@ def _exit_now(code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with stopped_while_starting():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     debug = bool(getattr(ns, "debug", False))

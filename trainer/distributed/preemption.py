@@ -8,13 +8,41 @@ flags at the loop's check points, so all ranks see the request at the same step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import NoReturn
+
+from trainer.errors import Preempted
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def stopped_while_starting() -> Iterator[None]:
+    """Until a handler of its own replaces this one (StopFlag in training, torch elastic's agent
+    in `run`), SIGTERM ends the process with 143, as preempted; the previous handler is back
+    afterwards. Only in the main thread (elsewhere it does nothing).
+
+    The trainer is PID 1 of its container, and PID 1 ignores a signal it has no handler for: a
+    pod stopped while torch still imported (a suspend, an eviction or a preemption in its first
+    seconds) waited out its whole grace period, the chart's 120 s, holding its GPUs (seen on
+    the test cluster)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: types.FrameType | None) -> NoReturn:
+        raise SystemExit(Preempted.exit_code)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class StopFlag:
