@@ -29,8 +29,12 @@ class _Broken(Dataset[torch.Tensor]):
 
 def test_a_dataset_error_in_a_loader_worker_names_the_users_file_and_line() -> None:
     loader = DataLoader(_Broken(), batch_size=2, num_workers=1)
+    batches = iter(loader)
     with pytest.raises(KeyError) as caught:
-        next(iter(loader))
+        next(batches)
+    # Stopped here: the traceback keeps the iterator alive, and its finalizer, run by a later
+    # test's garbage collection, joined the forked worker for minutes (a CI hang).
+    batches._shutdown_workers()  # type: ignore[attr-defined]
     frame = user_frame(caught.value)
     assert frame is not None and frame.filename == HERE and frame.name == "__getitem__"
     assert describe(caught.value, frame).startswith("user code raised KeyError: 'no sample 0'")
