@@ -19,7 +19,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # lowest first: a module may import its own layer's modules and the layers before it
     ("trainer", "trainer.errors"),
     ("trainer.config", "trainer.plugins", "trainer.config_load"),
-    ("trainer.usercode", "trainer.placement"),
+    # stacks: DataLoader workers (trainer.data) register the hang watchdog's stack dump
+    ("trainer.usercode", "trainer.placement", "trainer.distributed.stacks"),
     ("trainer.components", "trainer.data", "trainer.sampling", "trainer.metrics",
      "trainer.jobs"),
     ("trainer.distributed",),

@@ -45,6 +45,7 @@ from trainer.data.loaders import (
 )
 from trainer.distributed.agreement import Agreement, Collective
 from trainer.distributed.bootstrap import is_distributed
+from trainer.distributed.phases import Beacon
 from trainer.distributed.preemption import StopFlag
 from trainer.errors import ConfigError
 from trainer.loop.global_batch import BatchPlan
@@ -197,6 +198,7 @@ def build_loop(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: Met
         ddp=ddp_inside(parts.wrapped),
         grad_comm=(Collective("the gradient all-reduce", cfg.dist.timeout_seconds)
                    if ctx.initialized else contextlib.nullcontext()),
+        beacon=Beacon(),
     )
 
 

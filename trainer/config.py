@@ -272,6 +272,12 @@ class DistConfig:
     timeout_seconds: float = field(
         default=600.0, metadata=limits(exclusiveMinimum=0, maximum=MAX_TIMEOUT_SECONDS))
     """Timeout of rendezvous and of every collective; a stuck rank fails the job after it."""
+    hang_seconds: float = field(
+        default=180.0, metadata=limits(minimum=0, maximum=MAX_TIMEOUT_SECONDS))
+    """Seconds with no rank making progress after which the hang watchdog names the stuck rank
+    and its line, prints every thread's stack and exits 142, so the job restarts from its
+    last checkpoint (0: off). Scaled up to 20 median steps, 3x a validation's or save's last
+    length; the collective timeout rules until the first step (docs/distributed.md)."""
 
 
 @dataclass

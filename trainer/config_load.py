@@ -350,6 +350,10 @@ def validate(cfg: JobConfig) -> None:
     _require(cfg.dist.backend in BACKENDS, "dist.backend", f"unknown backend {cfg.dist.backend!r}",
              f"use one of {', '.join(BACKENDS)}")
     check_timeout("dist.timeout_seconds", cfg.dist.timeout_seconds, "use e.g. --timeout 600")
+    hang = cfg.dist.hang_seconds
+    _require(math.isfinite(hang) and 0 <= hang <= MAX_TIMEOUT_SECONDS, "dist.hang_seconds",
+             f"{hang:g} is not a number of seconds in [0, {MAX_TIMEOUT_SECONDS:.0f}]",
+             "use e.g. 180, or 0 to turn the hang watchdog off")
     _require(0 <= cfg.metrics.port <= 65535, "metrics.port", f"{cfg.metrics.port} is not a port",
              "use 0 (off) or 1-65535")
     _require(math.isfinite(cfg.metrics.linger_seconds) and cfg.metrics.linger_seconds >= 0,

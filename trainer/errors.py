@@ -83,6 +83,15 @@ class RankLost(TrainerError):
     exit_code = 4
 
 
+HUNG_EXIT = 128 + int(signal.SIGALRM)
+"""142: the hang watchdog's alarm (trainer.distributed.watchdog): no rank made progress for its
+deadline. In the 128-255 range that the training operator's ExitCode policy retries: the job
+restarts from its last checkpoint."""
+HUNG_AGAIN_EXIT = 6
+"""A hang at the very place (rank, phase, step, line) of an earlier one of this run: permanent
+for the ExitCode policy (1-127), since a restart would hang there again."""
+
+
 class OutputError(TrainerError):
     """An output file (summary.json, eval.json) could not be written: a full disk at the end of
     a run. What was written before (checkpoints, steps.jsonl, the earlier file) is kept."""
@@ -126,5 +135,6 @@ def exit_class(code: int, reason: str = "") -> str:
         return "OOM-killed" if reason == "OOMKilled" else "killed"
     classes = {0: "completed", TrainerError.exit_code: "config",
                TrainingDiverged.exit_code: "diverged", RankLost.exit_code: "lost peer",
-               USER_CODE_EXIT: "user code", Preempted.exit_code: "preempted"}
+               USER_CODE_EXIT: "user code", Preempted.exit_code: "preempted",
+               HUNG_EXIT: "hung", HUNG_AGAIN_EXIT: "hung again"}
     return classes.get(code, "OOM-killed" if reason == "OOMKilled" else "error")

@@ -75,6 +75,12 @@ def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
     if frames and torch_dir is not None and \
             _resolved(frames[-1].filename).startswith(torch_dir + "distributed" + os.sep):
         return None  # a collective failed (in the user's code or not): a peer is the cause
+    return innermost_user(frames)
+
+
+def innermost_user(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
+    """The innermost frame of the user's code below the last frame of this package in
+    `frames` (outermost first), or None."""
     last_ours = max((i for i, f in enumerate(frames) if _ours(f.filename)), default=-1)
     called = [f for f in frames[last_ours + 1:] if not _ours(f.filename)
               and not _library(f.filename)]

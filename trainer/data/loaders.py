@@ -16,6 +16,7 @@ import pickle
 import threading
 import traceback
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainer.config import JobConfig
 from trainer.data import EpochIndices, IndexView, fetch
+from trainer.distributed.stacks import dump_on_signal
 from trainer.errors import DataError, TrainerError
 from trainer.placement import DistContext
 from trainer.sampling import BatchedSampler, DistributedEvalSampler, DistributedShuffleSampler
@@ -167,6 +169,17 @@ class _Batches(Dataset[Any]):
             return _Failed(type(err), err.problem, err.fix, traceback.format_exc())
 
 
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The loaders' live iterators, whose worker processes :func:`worker_pids` lists."""
+
+
+def worker_pids() -> list[int]:
+    """The pids of this process's live DataLoader workers (the hang watchdog signals them:
+    see :func:`trainer.distributed.stacks.dump_on_signal`)."""
+    return [w.pid for it in list(_LIVE) for w in getattr(it, "_workers", ())
+            if w.pid is not None and w.is_alive()]
+
+
 class Loader(DataLoader[Any]):
     """A DataLoader that raises a worker's TrainerError as itself, and a dataset that its
     workers cannot receive as one line."""
@@ -177,6 +190,7 @@ class Loader(DataLoader[Any]):
                 # torch warns before re-raising, with advice this error replaces
                 warnings.filterwarnings("ignore", "Got pickle error", UserWarning)
                 batches = super().__iter__()  # starts the workers (once, if persistent)
+            _LIVE.add(batches)
         except (pickle.PicklingError, AttributeError, TypeError) as err:
             # the types torch's worker start takes for "does not pickle" (a lambda, a local
             # class, an open file or lock), in _MultiProcessingDataLoaderIter.__init__
@@ -211,11 +225,19 @@ class Loader(DataLoader[Any]):
         self._iterator = None
 
 
+def _forked_worker(worker_id: int) -> None:
+    """Each forked worker's init: its stacks on the hang watchdog's signal."""
+    dump_on_signal()
+
+
 def _exit_with_the_rank(worker_id: int) -> None:
-    """Each worker's init (workers not forked from the rank): exit when the rank is gone.
+    """Each worker's init (workers not forked from the rank): its stacks on the hang
+    watchdog's signal (:func:`trainer.distributed.stacks.dump_on_signal`); exit when the rank
+    is gone.
     torch's workers watch their parent process, which for forkserver workers is the server,
     and the server lives as long as any worker (each holds its "alive" pipe): a rank that died
     without stopping them (SIGKILL, os._exit) would leave them waiting for ever."""
+    dump_on_signal()
     rank = multiprocessing.parent_process()  # the process that started this worker
     if rank is not None:
         threading.Thread(target=_exit_after, args=(rank,), name="rank-watch",
@@ -274,8 +296,7 @@ def make_loader(dataset: Dataset[Any], batches: Iterable[list[int]], ctx: DistCo
         extra = {"prefetch_factor": opts.prefetch_factor,
                  "persistent_workers": opts.persistent_workers,
                  "multiprocessing_context": worker_context(opts.start)}
-        if opts.start != "fork":
-            extra["worker_init_fn"] = _exit_with_the_rank
+        extra["worker_init_fn"] = _forked_worker if opts.start == "fork" else _exit_with_the_rank
     return Loader(
         _Batches(dataset),
         batch_sampler=batches,

@@ -20,6 +20,7 @@ from trainer.components.steps import StepFn
 from trainer.data import IndexView
 from trainer.data.loaders import TrainSampler
 from trainer.distributed.agreement import Agreement
+from trainer.distributed.phases import Beacon
 from trainer.loop.global_batch import BatchPlan
 from trainer.loop.policies import Policies
 from trainer.loop.reporting import Reporter
@@ -77,3 +78,5 @@ class LoopParts:
     grad_comm: contextlib.AbstractContextManager[None]
     """Entered around each gradient all-reduce: a DDP backward talks to every rank, so its
     failure is a lost rank."""
+    beacon: Beacon
+    """Where the loop is (its phase and step), read by the hang watchdog."""

@@ -20,6 +20,17 @@ from trainer.components.steps import as_output
 from trainer.components.tree import batch_len, to_device
 from trainer.config import CONFIG_VERSION, JobConfig
 from trainer.distributed.agreement import Resumed, collective
+from trainer.distributed.phases import (
+    AGREEMENT,
+    BACKWARD,
+    CHECKPOINT,
+    DATA,
+    DONE,
+    OPTIMIZER,
+    REDUCTION,
+    STEP,
+    VALIDATION,
+)
 from trainer.loop.global_batch import plan_batches
 from trainer.loop.interval_stats import Interval
 from trainer.loop.parts import LoopParts, TrainParts
@@ -43,6 +54,8 @@ class Trainer:
         self._config = cfg.to_dict()
         """The config as checkpoints record it (built once: ~0.1 ms a save otherwise)."""
         self._compiled = compile_errors if cfg.train.compile else contextlib.nullcontext
+        self._validation_seconds = 0.0
+        """The last validation's length: the hang watchdog allows a few times it."""
 
     # -- checkpointable state ------------------------------------------------------------
     def _snapshot(self, consumed: int | None, loss_sum: float, loss_count: int
@@ -137,7 +150,10 @@ class Trainer:
                 p.next_epoch()
             if self.last_eval is None:  # resumed after the last epoch: nothing left to train
                 self.last_eval = self._validate()
+            beacon = self.loop.beacon
+            beacon.enter(CHECKPOINT, p.step)
             self.loop.saver.wait()  # the final checkpoint is durable before the summary says done
+            beacon.enter(AGREEMENT, p.step)
             self.loop.agreement.drain()
         finally:
             self.loop.reporter.close()
@@ -161,6 +177,7 @@ class Trainer:
             self._optimizer_step(batches, k)
             micro += k
             position += k * positions_per_micro
+            self.loop.beacon.enter(AGREEMENT, self.loop.progress.step)
             self.loop.policies.after_step(micro == micro_total, position, self._save)
         return None if micro == micro_total else position
 
@@ -168,29 +185,36 @@ class Trainer:
         """Zero the gradients, accumulate `k` micro-batches, clip, step."""
         t0 = time.perf_counter()
         interval, loop, precision = self.loop.policies.interval, self.loop, self.loop.precision
+        beacon, step = loop.beacon, loop.progress.step + 1
         loop.zero_grad()
         losses: list[torch.Tensor] = []
         for j in range(k):
             tw = time.perf_counter()
+            beacon.enter(DATA, step)
             batch = to_device(next(batches), self.ctx.device)
             interval.wait += time.perf_counter() - tw
             # Gradients are all-reduced only on the last micro-batch of an accumulation.
             with loop.grad_comm if j == k - 1 or loop.ddp is None else loop.ddp.no_sync():
                 with precision.autocast(), self._compiled():
+                    beacon.enter(STEP, step)
                     interval.forward.start()
                     out = as_output(self.parts.step(self.parts.wrapped, batch))
                     interval.forward.stop()
                 loss = out.loss
+                beacon.enter(BACKWARD, step)
                 precision.backward(loss / k if k > 1 else loss)
             losses.append(loss.detach())
             interval.correct.add(out.correct)
             interval.count.append(out.count)
             interval.samples += batch_len(batch)
+        beacon.enter(OPTIMIZER, step)
         self._update(interval)
         self.loop.progress.step += 1
         interval.losses.append(losses[0] if k == 1 else torch.stack(losses).mean())
         interval.epochs.append(self.loop.progress.epoch)
-        interval.step_times.append(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        interval.step_times.append(seconds)
+        beacon.stepped(seconds)
 
     def _update(self, interval: Interval) -> None:
         """Clip, step the optimizer at the scheduled learning rate, count a skipped step."""
@@ -216,10 +240,15 @@ class Trainer:
     def _validate(self, epoch_end: bool = False) -> EvalResult:
         """Evaluate; at an epoch end the same reduction also sums the epoch's training loss
         (one collective for both) into `train_loss`."""
-        p = self.loop.progress
+        p, beacon, started = self.loop.progress, self.loop.beacon, time.perf_counter()
+        # The first validation is expected to take its batches at the median step's pace.
+        beacon.enter(VALIDATION, p.step, self._validation_seconds or
+                     len(self.parts.val_loader) * beacon.median_step())
         self.loop.saver.before_fork(self.parts.val_loader)
         sums = local_sums(self.parts.model, self.parts.step, self.parts.val_loader,
                           self.parts.val_valid, self.ctx.device)
+        self._validation_seconds = time.perf_counter() - started
+        beacon.enter(REDUCTION, p.step)
         if epoch_end:
             epoch = [p.epoch_loss_sum, float(p.epoch_loss_count)]
             sums = torch.cat([sums, torch.tensor(epoch, dtype=torch.float64, device=sums.device)])
@@ -239,6 +268,7 @@ class Trainer:
         if self.loop.saver.directory is None:
             return None
         p = self.loop.progress
+        self.loop.beacon.enter(CHECKPOINT, p.step)
         if consumed is None:  # nothing to carry past an epoch boundary
             loss_sum, count = 0.0, 0.0
         elif (reduced := self.loop.policies.reduced_epoch_loss()) is not None:
@@ -253,8 +283,10 @@ class Trainer:
         return path
 
     def _summary(self, wall: float) -> dict[str, Any]:
+        self.loop.beacon.enter(REDUCTION, self.loop.progress.step)
         samples = self._reduced("the sample count reduction",
                                 [float(self.loop.policies.samples)])[0]
+        self.loop.beacon.enter(DONE, self.loop.progress.step)
         ev, names = self.last_eval, self.parts.class_names
         assert ev is not None
         return {

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trainer.metrics.phases import PhaseMetrics
+
 log = logging.getLogger(__name__)
 
 MetricValue = float | Sequence[float]
@@ -265,6 +267,8 @@ class TrainerMetrics:
         for key, target in optional.items():
             if target is not None:
                 self._handlers[key] = self._setter(target)
+        self.phases = PhaseMetrics(registry, rank)
+        self._handlers.update(self.phases.handlers(self._scalar))
 
     def set_restarts_baseline(self, already_counted: float) -> None:
         """Restarts already counted for this rank by earlier (dead) processes.

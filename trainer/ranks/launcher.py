@@ -25,6 +25,8 @@ from torch.distributed.run import config_from_args, parse_args
 from trainer import termination, usercode
 from trainer.distributed import threads
 from trainer.errors import (
+    HUNG_AGAIN_EXIT,
+    HUNG_EXIT,
     USER_CODE_EXIT,
     Preempted,
     RankLost,
@@ -218,6 +220,9 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
         report_user_code(err)
+        if exit_code_of(err) in (HUNG_EXIT, HUNG_AGAIN_EXIT):
+            # the ranks leave the verdict to the launcher, to print it once
+            print(cause_line(err), file=sys.stderr)
         termination.write(cause_line(err), message)
         return exit_code_of(err)
     except SignalException as err:  # SIGTERM/SIGINT to the agent: it stopped the ranks

@@ -26,6 +26,7 @@ from trainer.config_load import merge, validate
 from trainer.data.loaders import eval_loader, worker_options
 from trainer.distributed.agreement import agree_resume, collective
 from trainer.distributed.preemption import StopFlag, linger
+from trainer.distributed.watchdog import watching
 from trainer.errors import CheckpointError, ConfigError, DataError, missing
 from trainer.loop.resume_check import training_state
 from trainer.metrics import RunInfo, build_metrics
@@ -87,10 +88,12 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         trainer = build_trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
                                 workload.objects)
         rank.close_at_exit(trainer.loop.saver.close)
-        resumed = agree_resume(directory, ctx, cfg.dist.timeout_seconds)
-        if resumed is not None:
-            trainer.resume(resumed)
-        summary = trainer.train()
+        with watching(cfg.dist, ctx, trainer.loop.beacon, metrics, directory,
+                      cfg.metrics.linger_seconds if metrics.port else 0.0):
+            resumed = agree_resume(directory, ctx, cfg.dist.timeout_seconds)
+            if resumed is not None:
+                trainer.resume(resumed)
+            summary = trainer.train()
         rank.completed = True
         if ctx.is_main:
             path = write_json(cfg.output.dir, "summary.json", summary)

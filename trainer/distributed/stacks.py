@@ -1,0 +1,77 @@
+"""Stacks of a hung rank: every thread's, printed to its log, and the line its main thread is
+at, for the verdict. DataLoader workers are other processes: each registers faulthandler on
+SIGUSR1 when it starts (:func:`dump_on_signal`) and prints its own when the watchdog signals it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import TextIO
+
+from trainer.usercode import innermost_user
+
+DUMP_SIGNAL = signal.SIGUSR1
+
+
+def dump_on_signal() -> None:
+    """In a DataLoader worker: print all its threads' stacks to stderr on :data:`DUMP_SIGNAL`
+    (faulthandler's handler is C code: it prints even while the worker's Python is stuck)."""
+    with contextlib.suppress(ValueError, OSError, RuntimeError, AttributeError):
+        faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True)
+
+
+def _stack(ident: int) -> list[traceback.FrameSummary]:
+    frame = sys._current_frames().get(ident)
+    return traceback.extract_stack(frame) if frame is not None else []
+
+
+def where(ident: int, fallback: bool = False) -> str:
+    """``file.py:8 in step``: the innermost line of the user's code in thread `ident`'s stack,
+    else (with `fallback`) its innermost line; empty when there is none."""
+    frames = _stack(ident)
+    frame = innermost_user(frames) or (frames[-1] if frames and fallback else None)
+    if frame is None:
+        return ""
+    name = os.path.relpath(frame.filename) if not frame.filename.startswith("<") else ""
+    name = frame.filename if not name or name.startswith("..") else name
+    return f"{name}:{frame.lineno} in {frame.name}"
+
+
+def thread_named(prefix: str) -> int | None:
+    """The ident of a live thread whose name starts with `prefix` (the checkpoint writer)."""
+    for thread in threading.enumerate():
+        if thread.name.startswith(prefix) and thread.ident is not None:
+            return thread.ident
+    return None
+
+
+def dump(header: str, out: TextIO | None = None) -> None:
+    """Every thread's Python stack but the caller's, under `header`, in one write."""
+    out = out or sys.stderr
+    names = {t.ident: t.name for t in threading.enumerate()}
+    own = threading.get_ident()
+    parts = [f"{header}\n"]
+    for ident, frame in sys._current_frames().items():
+        if ident == own:
+            continue
+        parts.append(f"Thread {names.get(ident, ident)} (most recent call last):\n")
+        parts.extend(traceback.format_stack(frame))
+    with contextlib.suppress(OSError, ValueError):
+        out.write("".join(parts))
+        out.flush()
+
+
+def signal_workers(pids: list[int]) -> list[int]:
+    """Ask DataLoader workers `pids` to print their stacks; those signalled."""
+    signalled = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, DUMP_SIGNAL)
+            signalled.append(pid)
+    return signalled
