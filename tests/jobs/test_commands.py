@@ -246,6 +246,28 @@ def test_status_shows_each_pods_exit_class_and_termination_message(
                              "[rank 2] error: rank 0 stopped responding (fix: see its log)"]}
 
 
+def test_status_names_a_hung_job_once_from_the_watchdogs_verdict(
+        ddp, cluster: FakeCluster) -> None:
+    from tests.jobs.cluster import job
+
+    cluster.add_job(job("stuck", workers=1, gpus=0, state="Running"))
+    verdict = ("error: hang: rank 1 (pod stuck-worker-0 on node n2) has been in user code (the "
+               "step: forward and loss) of step 20 for 181 s, at hangstep.py:8 in step; rank 0 "
+               "waits for it in the backward pass and its gradient all-reduce of step 20 (fix: "
+               "find why the code at hangstep.py:8 in step blocks)")
+    for kind in ("master", "worker"):
+        cluster.add_pod(pod("stuck", kind, 0, restarts=1,
+                            last_terminated=ended(142, "Error", verdict + "\n")))
+    out = ddp("status", "stuck").out
+    hung = [line for line in out.splitlines() if line.startswith("Hung:")]
+    assert hung == ["Hung:        rank 1 (pod stuck-worker-0 on node n2) has been in user code "
+                    "(the step: forward and loss) of step 20 for 181 s, at hangstep.py:8 in step;"
+                    " rank 0 waits for it in the backward pass and its gradient all-reduce of "
+                    "step 20 (fix: find why the code at hangstep.py:8 in step blocks) (exit 142, "
+                    "stuck-master-0, last run)"], out
+    assert out.count("hung") >= 2  # each pod's class in the Terminated table
+
+
 def test_status_of_pods_that_never_ended_has_no_terminated_section(ddp) -> None:
     result = ddp("status", "mnist")
     assert result.code == 0, result.err

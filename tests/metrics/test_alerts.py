@@ -26,7 +26,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules_accepts_the_alerts_file() -> None:
     result = promtool("check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 5 rules found" in result.stdout
+    assert "SUCCESS: 6 rules found" in result.stdout
 
 
 def test_promtool_rule_unit_tests_pass() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
+from trainer.errors import HUNG_AGAIN_EXIT, HUNG_EXIT
 from trainer.jobs.events import EventView
 from trainer.jobs.views import JobView, PodView
 
@@ -155,11 +156,24 @@ def terminations(pods: Sequence[PodView]) -> list[str]:
     ended = [p for p in pods if p.terminated is not None]
     if not ended:
         return []
+    lines = hung(ended)
     rows = []
     for pod in ended:
         t = pod.terminated
         assert t is not None
         rows.append([pod.name, pod.phase, str(t.exit_code), t.exit_class, str(pod.restarts),
                      "last run" if t.previous else "now", t.line])
-    return ["Terminated:", table(["NAME", "PHASE", "EXIT", "CLASS", "RESTARTS", "WHEN",
-                                  "MESSAGE"], rows, indent="  ")]
+    return [*lines, "Terminated:", table(["NAME", "PHASE", "EXIT", "CLASS", "RESTARTS", "WHEN",
+                                          "MESSAGE"], rows, indent="  ")]
+
+
+def hung(ended: Sequence[PodView]) -> list[str]:
+    """``Hung: <the verdict>`` once, when a pod's trainer last ended by the hang watchdog
+    (every pod of the job leaves the same verdict: docs/distributed.md, "Hangs")."""
+    for pod in ended:
+        t = pod.terminated
+        if t is not None and t.exit_code in (HUNG_EXIT, HUNG_AGAIN_EXIT):
+            verdict = t.line.removeprefix("error: ").removeprefix("hang: ")
+            when = "last run" if t.previous else "now"
+            return [f"Hung:        {verdict} (exit {t.exit_code}, {pod.name}, {when})"]
+    return []
