@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainer", "trainer.errors"),
     ("trainer.config", "trainer.plugins", "trainer.config_load"),
     # stacks: DataLoader workers (trainer.data) register the hang watchdog's stack dump
-    ("trainer.usercode", "trainer.placement", "trainer.distributed.stacks"),
+    ("trainer.usercode", "trainer.placement", "trainer.stacks"),
     ("trainer.components", "trainer.data", "trainer.sampling", "trainer.metrics",
      "trainer.jobs"),
     ("trainer.distributed",),

@@ -17,6 +17,7 @@ from tests.cluster.jobs import (
     Finished,
     assert_same_as,
     finished,
+    jobs,
     kill_container,
     kill_containers,
     master_checkpoints,
@@ -326,3 +327,46 @@ def test_each_exit_class_is_the_termination_message_and_named_by_jobs_status(
     assert "train.epochs" in described, described
     for release in releases.values():
         cluster.kubectl("delete", "namespace", release.namespace, "--wait=false")
+
+
+HANG_CODE = (Path(__file__).resolve().parents[1] / "fixtures" / "hangs.py").read_text()
+
+
+def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninterrupted(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
+    # The Worker (rank 1) blocks for ever in the user's step at its 400th call, once per pod
+    # (a file beside its checkpoints marks it). Its watchdog and the Master's find no rank
+    # moving for 15 s, print their stacks, leave the verdict as each pod's termination message,
+    # serve trainer_hung for 10 s (the alert's scrapes) and exit 142; OnFailure restarts both
+    # containers, which resume from the Master's newest checkpoint.
+    namespace = cluster.namespace("hang")
+    cluster.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "boom", "namespace": namespace},
+                   "data": {"hangs.py": HANG_CODE}})
+    release = Release(cluster, release_name(), namespace, merged(
+        FAILOVER, KEEP_OUTPUTS, USER_MODULE, FAST_SCRAPES,
+        {"trainerConfig": {"train": {"step": "hangs:step"},
+                           "dist": {"hang_seconds": 15},
+                           "metrics": {"linger_seconds": 10}},
+         "env": [{"name": "PYTHONPATH", "value": "/user"},
+                 {"name": "HANG_AT", "value": "400"},
+                 {"name": "HANG_ONCE", "value": "/checkpoints/hung-once"}]}))
+    release.install(chart_ref, tmp=tmp_path)
+    alert = wait_for_alert(release, "DDPTrainerRankHung", timeout=240, labels={"rank": "1"})
+    assert alert["labels"]["phase"] == "step", alert
+    got = finished(release)
+    assert_same_as(got, uninterrupted)
+    for replica in ("master", "worker"):
+        ended = terminated(release, release.pod(replica))
+        assert ended["exitCode"] == 142, (replica, ended)
+        line = ended["message"].strip()
+        assert line.startswith("error: hang: rank 1 (pod ") and "in user code" in line \
+            and "hangs.py:" in line and "rank 0 waits for it" in line, (replica, line)
+    status = jobs("status", release.job, "-n", namespace).stdout
+    assert "Hung:        rank 1 (pod " in status, status
+    # the Warning event on the job (the chart's Role: create events, get the job)
+    warnings = status.split("Warnings:")[1]
+    assert f"PyTorchJob/{release.job}" in warnings and "RankHung" in warnings, status
+    described = cluster.kubectl("describe", "pytorchjob", release.job, "-n", namespace).stdout
+    assert "RankHung" in described, described
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")

@@ -27,11 +27,11 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainer.config import JobConfig
 from trainer.data import EpochIndices, IndexView, fetch
-from trainer.distributed.stacks import dump_on_signal
 from trainer.errors import DataError, TrainerError
 from trainer.placement import DistContext
 from trainer.sampling import BatchedSampler, DistributedEvalSampler, DistributedShuffleSampler
 from trainer.sampling.permutation import derive_key
+from trainer.stacks import dump_on_signal
 
 
 class TorchSamplerAdapter:
@@ -175,7 +175,7 @@ _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def worker_pids() -> list[int]:
     """The pids of this process's live DataLoader workers (the hang watchdog signals them:
-    see :func:`trainer.distributed.stacks.dump_on_signal`)."""
+    see :func:`trainer.stacks.dump_on_signal`)."""
     return [w.pid for it in list(_LIVE) for w in getattr(it, "_workers", ())
             if w.pid is not None and w.is_alive()]
 
@@ -232,7 +232,7 @@ def _forked_worker(worker_id: int) -> None:
 
 def _exit_with_the_rank(worker_id: int) -> None:
     """Each worker's init (workers not forked from the rank): its stacks on the hang
-    watchdog's signal (:func:`trainer.distributed.stacks.dump_on_signal`); exit when the rank
+    watchdog's signal (:func:`trainer.stacks.dump_on_signal`); exit when the rank
     is gone.
     torch's workers watch their parent process, which for forkserver workers is the server,
     and the server lives as long as any worker (each holds its "alive" pipe): a rank that died

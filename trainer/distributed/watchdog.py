@@ -32,14 +32,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer import termination
+from trainer import stacks, termination
 from trainer.config import DistConfig
 from trainer.data.loaders import worker_pids
-from trainer.distributed import stacks
+from trainer.distributed import hang_event
 from trainer.distributed.heartbeat import Board, Heartbeat, LocalBoard, identity, store_board
 from trainer.distributed.phases import CHECKPOINT, Beacon
 from trainer.distributed.verdict import Verdict, diagnose
@@ -71,11 +71,13 @@ class Watchdog:
     def __init__(self, beacon: Beacon, board: Board, rank: int, world_size: int, *,
                  hang_seconds: float, timeout_seconds: float, metrics: Metrics,
                  history: Path | None = None, hosts_store: bool = False,
-                 linger_seconds: float = 0.0, print_line: bool = True) -> None:
+                 linger_seconds: float = 0.0, print_line: bool = True,
+                 post_event: Callable[[str], object] = hang_event.post) -> None:
         self.beacon, self.board, self.rank, self.world = beacon, board, rank, world_size
         self.hang_seconds, self.timeout_seconds = hang_seconds, timeout_seconds
         self.metrics, self.history, self.hosts_store = metrics, history, hosts_store
         self.linger_seconds, self.print_line = linger_seconds, print_line
+        self.post_event = post_event
         self.beat = beat_seconds(hang_seconds)
         self.silence = max(3.0 * self.beat, 5.0)
         """Seconds without a rank's heartbeat after which it counts as silent (beats come
@@ -205,6 +207,10 @@ class Watchdog:
             sys.stderr.write(line + "\n")
         termination.write(line)
         termination.record(line)
+        now = time.monotonic()
+        alive = [r for r in self._last if now - self._heard[r] <= self.silence]
+        if adopted is None and self.rank == min(alive, default=self.rank):
+            self.post_event(line)  # once per job: by the lowest rank still beating
         with contextlib.suppress(Exception):
             self.board.declare(self.rank, line)
         self.metrics.log({"watch/hung": 1.0}, step)

@@ -319,3 +319,11 @@ apiKind TrainJob: fail on values Kubeflow Trainer v2.3 cannot express, naming th
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The hang watchdog posts its verdict as a Warning Event on the job: "true" or "" (needs the
+chart's own ServiceAccount, whose Role allows exactly that: templates/rbac.yaml).
+*/}}
+{{- define "ddp-trainer.hangEvents" -}}
+{{- if and .Values.serviceAccount.create .Values.serviceAccount.hangEvents }}true{{ end }}
+{{- end }}

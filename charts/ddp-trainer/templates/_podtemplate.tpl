@@ -117,6 +117,22 @@ the node's allocatable CPU for a missing limit.
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- if include "ddp-trainer.hangEvents" . }}
+# The hang watchdog's Warning Event on the job (trainer/distributed/hang_event.py): the job's
+# kind, its name from the operator's pod label, and the projected token of `api-token`.
+- name: DDP_TRAINER_JOB_KIND
+  value: {{ .Values.apiKind }}
+- name: DDP_TRAINER_JOB_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.labels['{{ if include "ddp-trainer.isTrainJob" . }}jobset.sigs.k8s.io/jobset-name{{ else }}training.kubeflow.org/job-name{{ end }}']
+- name: DDP_TRAINER_API_ACCOUNT
+  value: /var/run/secrets/ddp-trainer
+{{- end }}
 {{- range $kind, $name := dict "limits" "DDP_TRAINER_CPU_LIMIT_MILLICORES" "requests" "DDP_TRAINER_CPU_REQUEST_MILLICORES" }}
 {{- if dig $kind "cpu" "" $resources }}
 - name: {{ $name }}
@@ -188,6 +204,11 @@ limits:
   mountPath: /checkpoints
 - name: outputs
   mountPath: /outputs
+{{- if include "ddp-trainer.hangEvents" . }}
+- name: api-token
+  mountPath: /var/run/secrets/ddp-trainer
+  readOnly: true
+{{- end }}
 {{- with $v.extraVolumeMounts }}
 {{ toYaml . }}
 {{- end }}
@@ -221,6 +242,21 @@ limits:
   emptyDir:
     sizeLimit: {{ (index $v.persistence $key).emptyDirSizeLimit }}
   {{- end }}
+{{- end }}
+{{- if include "ddp-trainer.hangEvents" $root }}
+# Only this token, not the automounted one (automountServiceAccountToken stays false): an
+# hour-long token of the job's ServiceAccount, rotated by the kubelet, and the cluster's CA.
+- name: api-token
+  projected:
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3600
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
 {{- end }}
 {{- with $v.extraVolumes }}
 {{ toYaml . }}
