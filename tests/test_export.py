@@ -5,6 +5,7 @@ safetensors and transformers alone."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,13 @@ def _accuracy(model: nn.Module, config: trainer.JobConfig) -> float:
 
 
 def _export(*args: str, capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(["export", *args])
+    """The CLI in this process; its logging set-up (a handler on the captured stderr) undone."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = main(["export", *args])
+    finally:
+        root.handlers[:], root.level = handlers, level
     out, err = capfd.readouterr()
     return code, out, err
 
@@ -271,3 +278,33 @@ def test_the_readmes_use_your_model_snippet_prints_the_runs_val_accuracy(
     printed = capsys.readouterr().out.split()
     print(f"seed {SEED}: snippet {printed}, summary {summary['val_accuracy']}")
     assert [float(printed[-1])] == [summary["val_accuracy"]] and len(printed) == 1
+
+
+def test_a_checkpoint_whose_dataset_is_gone_exports_its_plain_state_dict(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(SEED)
+    y = rng.integers(0, 3, 120)
+    x = (rng.standard_normal((120, 6)) + y[:, None]).astype("float32")
+    data = tmp_path / "small.npz"
+    np.savez(data, x=x, y=y)
+    _fit(tmp_path, steps=4, data={"dataset": str(data)})
+    data.unlink()  # the checkpoint was copied to a machine without the data
+    code, _, err = _export("--checkpoint", str(tmp_path / "ckpt"), "--out",
+                           str(tmp_path / "model"), capfd=capfd)
+    assert code == 0, err
+    assert "the model is not rebuilt" in err and "writing its state_dict alone" in err
+    state = load_file(str(tmp_path / "model" / "model.safetensors"))
+    assert state.keys() == trainer.load_checkpoint(tmp_path / "ckpt").model_state.keys()
+    meta = json.loads((tmp_path / "model" / "ddp-trainer.json").read_text())
+    assert meta["num_classes"] is None and meta["config"]["data"]["dataset"] == str(data)
+
+
+def test_an_empty_out_or_checkpoint_is_one_line_exit_2(digits_run: Path, tmp_path: Path,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _export("--checkpoint", str(digits_run / "ckpt"), "--out", "", capfd=capfd)
+    assert code == 2 and "--out is empty" in _one_error_line(err)
+    code, _, err = _export("--checkpoint", "", "--out", str(tmp_path / "m"), capfd=capfd)
+    assert code == 2 and "the checkpoint path is empty" in _one_error_line(err)
+    assert list(tmp_path.iterdir()) == []

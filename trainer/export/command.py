@@ -36,9 +36,8 @@ def register(sub: Any) -> None:
 def cmd_export(ns: argparse.Namespace) -> int:
     from trainer.export.files import check_out
 
-    out = Path(ns.out)
-    check_out(out, ns.force)  # before reading a checkpoint of any size
-    written = export_checkpoint(ns.checkpoint, out, ns.format, ns.force)
+    check_out(ns.out, ns.force)  # before reading a checkpoint of any size
+    written = export_checkpoint(ns.checkpoint, Path(ns.out), ns.format, ns.force)
     files = ", ".join(sorted(p.name for p in written.iterdir()))
     print(f"exported -> {written} ({files})")
     return 0

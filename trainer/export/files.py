@@ -61,10 +61,11 @@ def plain_state(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def check_out(out: Path, force: bool) -> None:
+def check_out(out: str | Path, force: bool) -> None:
     """Refuse an `out` that holds something, unless `force`: checked before any work."""
-    if not str(out):
+    if not str(out):  # Path("") would be the current directory
         raise ConfigError("--out is empty", "name the directory to write, e.g. --out model")
+    out = Path(out)
     if force or not (out.exists() or out.is_symlink()):
         return
     if out.is_dir() and not any(out.iterdir()):
