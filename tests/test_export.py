@@ -308,3 +308,26 @@ def test_an_empty_out_or_checkpoint_is_one_line_exit_2(digits_run: Path, tmp_pat
     code, _, err = _export("--checkpoint", "", "--out", str(tmp_path / "m"), capfd=capfd)
     assert code == 2 and "the checkpoint path is empty" in _one_error_line(err)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_full_mid_export_keeps_the_previous_export_whole(
+        digits_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    from trainer.export import files
+
+    out = tmp_path / "model"
+    assert _export("--checkpoint", str(digits_run / "ckpt"), "--out", str(out),
+                   capfd=capfd)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "_write_weights", full)
+    code, _, err = _export("--checkpoint", str(digits_run / "ckpt"), "--out", str(out),
+                           "--force", "--format", "torch", capfd=capfd)
+    assert code == 2 and "No space left on device" in _one_error_line(err)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left
