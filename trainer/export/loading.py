@@ -88,14 +88,17 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     if path.is_dir() and (path / META).exists():
         return _load_export(path)
     if path.is_dir():
-        found = checkpoint.latest_payload(path)
+        found = checkpoint.latest_payload(path)  # as a resume picks it; its bytes verified
         if found is None:
             raise CheckpointError(f"{path} holds no valid checkpoint (ckpt-*.pt) and no "
                                   f"exported model ({META})",
                                   "pass the --checkpoint-dir of a run that saved one, a "
                                   "ckpt-*.pt file, or an export directory")
-        path = found[1]
-    state = training_state(checkpoint.read(path), str(path), ("config", "model"))
+        payload, path = found
+    else:
+        payload = checkpoint.read_payload(path)
+    raw = checkpoint.deserialize(payload, str(path))
+    state = training_state(raw, str(path), ("config", "model"))
     source = f"checkpoint {path}"
     config = merge(JobConfig(), saved_config(state, source), source)
     metadata = {k: v for k, v in state.items() if k not in TRAINING_ONLY}
