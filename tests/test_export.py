@@ -331,3 +331,19 @@ def test_a_disk_full_mid_export_keeps_the_previous_export_whole(
     assert code == 2 and "No space left on device" in _one_error_line(err)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left
+
+
+def test_class_names_become_the_transformers_labels_and_the_model_is_left_as_it_was(
+        mytask: None, tmp_path: Path) -> None:
+    from mytask.text import tiny_bert
+    from transformers import AutoConfig
+
+    from trainer.export.files import write_export
+
+    model = tiny_bert(2, hidden_size=16)
+    before = dict(model.config.id2label)
+    write_export(tmp_path / "m", model.state_dict(), {"class_names": ["negative", "positive"]},
+                 model=model)
+    saved = AutoConfig.from_pretrained(str(tmp_path / "m"), local_files_only=True)
+    assert saved.id2label == {0: "negative", 1: "positive"}
+    assert model.config.id2label == before
