@@ -28,13 +28,14 @@ QUIET = {"metrics": {"port": 0, "linger_seconds": 0}}
 def _fit(tmp: Path, export: bool = True, steps: int = 40, **sections: Any) -> dict[str, Any]:
     config = {"data": {"dataset": "digits"}, "train": {"max_steps": steps, "seed": SEED},
               "checkpoint": {"dir": str(tmp / "ckpt")},
-              "output": {"dir": str(tmp / "out"), "export": export}, **QUIET, **sections}
+              "output": {"dir": str(tmp / "outputs"), "export": export}, **QUIET, **sections}
     return trainer.fit(config)
 
 
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real training run: its checkpoints in ckpt/, its outputs (and model/) in out/."""
+    """A real training run: its checkpoints in ckpt/, its outputs (and model/) in outputs/, as
+    `make run` leaves them."""
     tmp = tmp_path_factory.mktemp("digits")
     _fit(tmp)
     return tmp
@@ -101,7 +102,7 @@ def test_format_torch_writes_a_plain_state_dict_that_torch_load_reads(
 
 
 def test_a_finished_run_exports_its_final_model_into_output_dir(digits_run: Path) -> None:
-    exported = digits_run / "out" / "model"
+    exported = digits_run / "outputs" / "model"
     assert sorted(p.name for p in exported.iterdir()) == ["ddp-trainer.json",
                                                           "model.safetensors"]
     final = trainer.load_checkpoint(digits_run / "ckpt")  # the end of training is saved
@@ -109,27 +110,28 @@ def test_a_finished_run_exports_its_final_model_into_output_dir(digits_run: Path
     assert state.keys() == final.model_state.keys()
     assert all(torch.equal(state[k], final.model_state[k]) for k in state)
     meta = json.loads((exported / "ddp-trainer.json").read_text())
-    assert meta["val_accuracy"] == read_json(digits_run / "out" / "summary.json")["val_accuracy"]
+    summary = read_json(digits_run / "outputs" / "summary.json")
+    assert meta["val_accuracy"] == summary["val_accuracy"]
 
 
 def test_output_export_false_writes_no_model(tmp_path: Path) -> None:
     _fit(tmp_path, export=False, steps=2)
-    assert (tmp_path / "out" / "summary.json").exists()
-    assert not (tmp_path / "out" / "model").exists()
-    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")] == []
+    assert (tmp_path / "outputs" / "summary.json").exists()
+    assert not (tmp_path / "outputs" / "model").exists()
+    assert [p.name for p in (tmp_path / "outputs").iterdir() if p.name.startswith(".")] == []
 
 
 def test_load_checkpoint_reads_a_file_a_directory_and_an_export_alike(digits_run: Path) -> None:
     newest = sorted((digits_run / "ckpt").glob("ckpt-*.pt"))[-1]
     loaded = [trainer.load_checkpoint(p) for p in
-              (newest, digits_run / "ckpt", digits_run / "out" / "model")]
+              (newest, digits_run / "ckpt", digits_run / "outputs" / "model")]
     for one in loaded:
         assert one.metadata["step"] == 40 and one.config.data.dataset == "digits"
         assert one.model_state.keys() == loaded[0].model_state.keys()
         assert all(torch.equal(one.model_state[k], loaded[0].model_state[k])
                    for k in one.model_state)
     assert loaded[0].metadata["source"] == str(newest) == loaded[1].metadata["source"]
-    summary = read_json(digits_run / "out" / "summary.json")
+    summary = read_json(digits_run / "outputs" / "summary.json")
     model = loaded[2].build_model().eval()
     assert _accuracy(model, loaded[2].config) == summary["val_accuracy"]
 
@@ -145,7 +147,7 @@ def test_load_checkpoint_refuses_a_corrupt_checkpoint_and_a_tampered_export(
         trainer.load_checkpoint(bad)
     export = tmp_path / "model"
     export.mkdir()
-    for p in (digits_run / "out" / "model").iterdir():
+    for p in (digits_run / "outputs" / "model").iterdir():
         export.joinpath(p.name).write_bytes(p.read_bytes())
     weights = export / "model.safetensors"
     raw = bytearray(weights.read_bytes())
@@ -227,6 +229,7 @@ def mytask(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.mark.slow  # transformers' import and a BERT: ~10 s, kept out of make test-fast
 def test_a_transformers_model_exports_as_save_pretrained_and_loads_offline(
         mytask: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     from transformers import AutoModelForSequenceClassification
@@ -267,15 +270,12 @@ def readme_snippet() -> str:
 
 
 def test_the_readmes_use_your_model_snippet_prints_the_runs_val_accuracy(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        digits_run: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(tmp_path)
-    summary = trainer.fit({"data": {"dataset": "digits"},  # make run's, shorter
-                           "train": {"max_steps": 30, "seed": SEED},
-                           "output": {"dir": "outputs"}, **QUIET})
-    capsys.readouterr()
+    monkeypatch.chdir(digits_run)  # a run as make run's: outputs/model, outputs/summary.json
     exec(compile(readme_snippet(), "README.md", "exec"), {})  # noqa: S102 - the doc's code
     printed = capsys.readouterr().out.split()
+    summary = read_json(digits_run / "outputs" / "summary.json")
     print(f"seed {SEED}: snippet {printed}, summary {summary['val_accuracy']}")
     assert [float(printed[-1])] == [summary["val_accuracy"]] and len(printed) == 1
 
@@ -333,6 +333,7 @@ def test_a_disk_full_mid_export_keeps_the_previous_export_whole(
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left
 
 
+@pytest.mark.slow  # imports transformers (~5 s)
 def test_class_names_become_the_transformers_labels_and_the_model_is_left_as_it_was(
         mytask: None, tmp_path: Path) -> None:
     from mytask.text import tiny_bert
