@@ -78,6 +78,7 @@ RUN --mount=type=bind,from=wheel,source=/dist,target=/wheels \
         PyYAML==6.0.4 \
         prometheus-client==0.26.0 \
         tqdm==4.70.1 \
+        safetensors==0.8.0 \
         pyarrow==26.0.1 \
         pillow==13.0.0 \
     && ddp-trainer --version

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainer.distributed",),
     ("trainer.loop",),
     ("trainer.build",),  # the composition root
-    ("trainer.ranks",),
+    ("trainer.ranks", "trainer.export"),
     ("trainer.api", "trainer.cli", "trainer.__main__"),
 )
 """Each entry names a module or a package (all modules under it); the most specific wins."""

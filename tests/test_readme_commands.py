@@ -2,8 +2,9 @@
 runs, shortened (2 ranks at most, 2 optimizer steps, no metrics port, outputs in a temporary
 directory), on data made as the docs' snippets make it, so the docs cannot go stale silently.
 A command naming a path this test cannot make fails it: a new example comes with its data here.
-`make` targets are left out (CI runs them), and so are cluster commands (helm, kubectl, docker,
-`ddp-trainer jobs`: the cluster tests run those paths)."""
+`export` exports a checkpoint this test makes. `make` targets are left out (CI runs them), and
+so are cluster commands (helm, kubectl, docker, `ddp-trainer jobs`: the cluster tests run those
+paths)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,16 @@ def test_a_documented_command_runs(doc: str, command: str, tmp_path: Path) -> No
         at = args.index("--nproc-per-node") + 1
         args[at] = str(min(int(args[at]), 2))
     out = tmp_path / "out"
+    if args[0] == "export":  # of a checkpoint this test makes: 2 steps of the defaults
+        made = run_cli("train", "--max-steps", "2", "--metrics-port", "0", "--checkpoint-dir",
+                       str(tmp_path / "ckpt"), "--output-dir", str(out), timeout=400)
+        assert made.returncode == 0, made.stderr[-3000:]
+        for flag, path in (("--checkpoint", tmp_path / "ckpt"), ("--out", tmp_path / "model")):
+            args[args.index(flag) + 1] = str(path)
+        proc = run_cli(*args, env=ENV, timeout=400)
+        assert proc.returncode == 0, f"{doc}: {shlex.join(args)}\n{proc.stderr[-3000:]}"
+        assert (tmp_path / "model" / "model.safetensors").is_file()
+        return
     script = next((a for a in args if a.endswith(".py")), None)
     if script is None:
         args += ["--max-steps", "2", "--metrics-port", "0", "--set", "metrics.linger_seconds=0",

@@ -1,4 +1,4 @@
-"""Command line: ``ddp-trainer train | run | evaluate | jobs``.
+"""Command line: ``ddp-trainer train | run | evaluate | export | jobs``.
 
 Each config flag is a shortcut for one config field and takes its help text from that
 field's docstring in :mod:`trainer.config`, so the help can never drift from the config.
@@ -27,6 +27,7 @@ from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
 from trainer.distributed.preemption import stopped_while_starting
 from trainer.errors import RankLost, TrainerError, missing
+from trainer.export.command import register as register_export
 
 # flag -> (section, key): a shortcut for one config field; its type and help are the field's.
 CONFIG_FLAGS: dict[str, tuple[str, str]] = {
@@ -340,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--as-rank", action="store_true", help=argparse.SUPPRESS)
     _add_common(p)
     p.set_defaults(func=cmd_evaluate)
+    register_export(sub)
 
     try:
         from trainer.jobs.cli import register

@@ -28,6 +28,7 @@ from trainer.distributed.agreement import agree_resume, collective
 from trainer.distributed.preemption import StopFlag, linger
 from trainer.distributed.watchdog import watching
 from trainer.errors import CheckpointError, ConfigError, DataError, missing
+from trainer.export.files import export_run
 from trainer.loop.resume_check import training_state
 from trainer.metrics import RunInfo, build_metrics
 from trainer.placement import DistContext
@@ -104,6 +105,11 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
                      float("nan") if summary["train_loss"] is None else summary["train_loss"],
                      "none" if accuracy is None else f"{accuracy:.4f}",
                      summary["val_correct"], summary["val_total"], path)
+            if cfg.output.export:
+                export_run(cfg, workload.model, num_classes=workload.splits.num_classes,
+                           sample_shape=workload.splits.sample_shape,
+                           class_names=workload.splits.class_names, objects=workload.objects,
+                           summary=summary)
         metrics.log({"run/completed": 1.0}, summary["steps"])
         return summary
 
