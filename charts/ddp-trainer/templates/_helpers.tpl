@@ -160,7 +160,8 @@ equal.
 {{- $suffixes := dict "" 1000 "m" 1 "k" 1e6 "M" 1e9 "G" 1e12 "T" 1e15 "P" 1e18 "E" 1e21 "Ki" 1024e3 "Mi" 1048576e3 "Gi" 1073741824e3 "Ti" 1099511627776e3 "Pi" 1125899906842624e3 "Ei" 1152921504606846976e3 }}
 {{- $number := regexFind "^[+]?([0-9]+[.]?[0-9]*|[.][0-9]+)" $text }}
 {{- $suffix := trimPrefix $number $text }}
-{{- if regexMatch "^[eE]" $suffix }}
+{{- /* an exponent ("e3", "E-1"), not the suffixes E (exa) and Ei */}}
+{{- if regexMatch "^[eE][-+]?[0-9.]" $suffix }}
 {{- $exp := int (trimPrefix "+" (substr 1 -1 $suffix)) }}
 {{- $scale := 1000.0 }}
 {{- range until (int (ternary $exp (sub 0 $exp) (gt $exp 0))) }}
@@ -201,7 +202,7 @@ floats): include "ddp-trainer.scaleQuantity" (list "1.5Gi" 8) is "12Gi", (list "
 {{/*
 Kubernetes' rules for a container's requests and limits (ValidateResourceRequirements), which
 it applies only when the operator creates the pods: the job would sit with no pods and the
-refusal only in an event. cpu, memory and ephemeral-storage may request less than their limit;
+refusal only in an event. A name is a standard one or qualified by a domain. cpu, memory and ephemeral-storage may request less than their limit;
 every other resource (GPUs, RDMA devices, hugepages) needs a limit equal to its request.
 */}}
 {{- define "ddp-trainer.validateResources" -}}
@@ -210,6 +211,13 @@ every other resource (GPUs, RDMA devices, hugepages) needs a limit equal to its 
 {{- $limits := dig "limits" dict $resources }}
 {{- $explicit := default dict .Values.resources.requests }}
 {{- $ranks := include "ddp-trainer.nprocPerNode" . | int }}
+{{- range $kind := list "requests" "limits" }}
+{{- range $name, $_ := dig $kind dict $resources }}
+{{- if not (regexMatch "^(cpu|memory|ephemeral-storage|hugepages-[^/]+|[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$" $name) }}
+{{- fail (printf "resources.%s.%s: Kubernetes takes cpu, memory, ephemeral-storage, hugepages-<size> or a name qualified by a domain (e.g. nvidia.com/gpu); fix the name" $kind $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- range $name, $request := $requests }}
 {{- $shown := $request }}
 {{- if not (hasKey $explicit $name) }}
