@@ -97,3 +97,9 @@ def test_the_readme_is_no_lab_notebook() -> None:
 
     found = re.findall(r"load average|polyglot|WHEELS=/|/work/|/home/|/root/", README)
     assert found == [], found
+
+
+def test_the_readme_says_plainly_that_no_gpu_ran_the_cuda_path() -> None:
+    # every test runs on CPUs: a GPU user must not read the CUDA/NCCL path as tested
+    text = " ".join(README.split())
+    assert "the CUDA/NCCL path" in text and "has not run on a GPU in our tests" in text
