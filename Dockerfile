@@ -18,7 +18,7 @@
 #   TORCH_INDEX_URL index of the CPU variant's torch (and its dependencies)
 ARG VARIANT=gpu
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
-ARG PYTORCH_IMAGE=pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime
+ARG PYTORCH_IMAGE=pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime
 
 # --- wheel: build the project wheel (tests/image/test_wheel.py runs this same command) -------
 FROM ${PYTHON_IMAGE} AS wheel
@@ -36,7 +36,7 @@ RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /dist . \
 FROM ${PYTORCH_IMAGE} AS base-gpu
 
 FROM ${PYTHON_IMAGE} AS base-cpu
-ARG TORCH_VERSION=2.10.0
+ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
         "torch==${TORCH_VERSION}"
@@ -65,9 +65,10 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # add it in your own image (README "Your data").
 # torch is not listed: the base provides it (with its own dependencies) and `torch>=2.4` is
 # already satisfied, so pip never replaces it. The wheel comes in through a bind mount, so no
-# layer keeps it.
+# layer keeps it. PIP_BREAK_SYSTEM_PACKAGES: a base whose interpreter is marked externally
+# managed (PEP 668) keeps its torch in that interpreter's site-packages, where ours must go too.
 RUN --mount=type=bind,from=wheel,source=/dist,target=/wheels \
-    python -m pip install --no-cache-dir \
+    PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install --no-cache-dir \
         /wheels/ddp_trainer-*.whl \
         numpy==2.4.6 \
         scikit-learn==1.9.1 \

@@ -62,6 +62,22 @@ def test_validate_enforces_what_the_field_declares(section: str, name: str, key:
     elif key == "exclusiveMaximum":
         _refused(section, name, kind(bound))
         _validated(section, name, below(bound))
+    elif key == "minItems":
+        default = getattr(getattr(JobConfig(), section), name)
+        _refused(section, name, default[:bound - 1])
+        _validated(section, name, default[:bound])
+    elif key == "maxItems":
+        default = getattr(getattr(JobConfig(), section), name)
+        _refused(section, name, default[:bound] + default[:1])
+        _validated(section, name, default[:bound])
+    elif key == "items":
+        default = getattr(getattr(JobConfig(), section), name)
+        for item_key, item_bound in bound.items():
+            if item_key == "type":
+                continue
+            outside = {"minimum": item_bound - 1e-6, "maximum": item_bound + 1e-6,
+                       "exclusiveMinimum": item_bound, "exclusiveMaximum": item_bound}[item_key]
+            _refused(section, name, [outside] + default[1:])
     else:
         raise AssertionError(f"{section}.{name}: unknown metadata {key!r}")
 

@@ -49,3 +49,57 @@ def test_the_bad_input_counts_are_the_suites_tables() -> None:
 
     assert f"a table of {len(CASES)} CLI cases" in CLI
     assert f"{len(BAD_VALUES)} bad chart values fail" in CLI
+
+
+def test_both_readmes_give_the_examples_setup_and_it_installs_what_the_classifier_imports(
+) -> None:
+    # `make run` installs no transformers: the example's classifier needs it installed too
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    pin = next(r for r in extras["test"] if r.startswith("transformers"))
+    assert not any(r.startswith("transformers") for r in
+                   tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
+    for doc in (README, (REPO / "examples" / "mytask" / "README.md").read_text()):
+        assert "after `make run`" in doc
+        assert f".venv/bin/pip install '{pin}'" in doc
+
+
+def _readme_commands() -> list[list[str]]:
+    """The README's local `ddp-trainer run/train` commands, as words."""
+    import re
+    import shlex
+
+    found = []
+    for block in re.findall(r"^```bash\n(.*?)^```", README, re.M | re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if len(words) > 1 and words[0].endswith("ddp-trainer") and words[1] in ("run",
+                                                                                   "train"):
+                found.append(words)
+    return found
+
+
+def test_the_readmes_local_commands_can_run_one_after_another() -> None:
+    # A run keeps serving its final metrics on its port for metrics.linger_seconds (60 s):
+    # the next command, run at once as a reader does, would find the port in use.
+    commands = _readme_commands()
+    assert len(commands) >= 5, commands
+    for words in commands:
+        port = words[words.index("--metrics-port") + 1] if "--metrics-port" in words else None
+        assert port == "0" or "metrics.linger_seconds=0" in words, " ".join(words)
+
+
+def test_the_readme_is_no_lab_notebook() -> None:
+    # timings, loads and machines belong in docs/benchmarks.md; no path of one machine
+    import re
+
+    found = re.findall(r"load average|polyglot|WHEELS=/|/work/|/home/|/root/", README)
+    assert found == [], found
+
+
+def test_the_readme_says_plainly_that_no_gpu_ran_the_cuda_path() -> None:
+    # every test runs on CPUs: a GPU user must not read the CUDA/NCCL path as tested
+    text = " ".join(README.split())
+    assert "the CUDA/NCCL path" in text and "has not run on a GPU in our tests" in text

@@ -64,3 +64,15 @@ def _failures(*codes: int) -> ChildFailedError:
 def test_the_launcher_reports_the_rank_whose_user_code_raised_not_the_one_that_saw_it() -> None:
     assert exit_code_of(_failures(4, USER_CODE_EXIT)) == USER_CODE_EXIT
     assert exit_code_of(_failures(4, 4)) == 4
+
+
+def test_a_callable_missing_a_package_is_told_to_install_it_not_to_fix_its_code() -> None:
+    # examples/mytask's transformers classifier after `make run` alone: no transformers
+    def tiny_bert(num_classes: int) -> None:
+        raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
+
+    with pytest.raises(plugins.PluginError) as caught:
+        plugins.call(tiny_bert, {"num_classes": 2}, "model.name 'mytask.text:tiny_bert'",
+                     "fix the model callable or model.options")
+    assert "raised ModuleNotFoundError: No module named 'transformers'" in caught.value.problem
+    assert caught.value.fix.startswith("install 'transformers' where the ranks run")

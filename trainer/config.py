@@ -83,6 +83,13 @@ def limits(**bounds: float) -> dict[str, Any]:
     return dict(bounds)
 
 
+def numbers(count: int, **item_bounds: float) -> dict[str, Any]:
+    """Field metadata of a list of numbers: exactly `count` of them, each within JSON Schema
+    bounds (as :func:`limits`), enforced by :func:`trainer.config_load.validate` and written
+    into the chart's values schema."""
+    return {"minItems": count, "maxItems": count, "items": {"type": "number", **item_bounds}}
+
+
 @dataclass
 class DataConfig:
     dataset: str = "digits"
@@ -170,7 +177,8 @@ class OptimConfig:
     """Peak learning rate (set it for the optimizer: e.g. 1e-3 for adamw)."""
     momentum: float = field(default=0.9, metadata=limits(minimum=0, exclusiveMaximum=1))
     """SGD momentum."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999],
+                               metadata=numbers(2, minimum=0, exclusiveMaximum=1))
     """Adam/AdamW coefficients of the running averages of the gradient and its square."""
     eps: float = field(default=1e-8, metadata=limits(exclusiveMinimum=0))
     """Adam/AdamW term added to the denominator for numerical stability."""

@@ -94,6 +94,10 @@ def call(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str, fix: str
     except TrainerError:
         raise
     except Exception as exc:  # noqa: BLE001 - user code: report whatever it raised
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            # a package the callable imports is missing here: the code itself is fine
+            fix = (f"install {exc.name!r} where the ranks run (pip install it into this "
+                   "environment, or into your image)")
         raise PluginError(f"{where}: {describe(fn)}({', '.join(kwargs)}) raised "
                           f"{type(exc).__name__}: {first_line(exc, empty='(no message)')}",
                           fix) from exc

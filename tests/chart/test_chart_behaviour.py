@@ -92,6 +92,52 @@ def test_cpu_only_value_set_requests_no_gpu_and_keeps_cpu_memory_limits(helm4: s
         }
 
 
+def shm_size(template: dict) -> str:
+    mounts, volumes = mounts_and_volumes(template)
+    return volumes[mounts["/dev/shm"]["name"]]["emptyDir"]["sizeLimit"]
+
+
+@pytest.mark.parametrize(("gpus", "ranks"), [(0, 1), (1, 1), (8, 8)])
+def test_cpu_memory_and_shm_defaults_scale_with_the_gpus_per_replica(
+        helm4: str, gpus: int, ranks: int) -> None:
+    # One rank per GPU: an 8-GPU pod with one GPU's 2-4 CPUs gave each rank half a core.
+    for template in pod_templates(job_of(helm4, sets=(f"gpusPerReplica={gpus}",))).values():
+        res = trainer_container(template)["resources"]
+        assert res["requests"] == {"cpu": str(2 * ranks), "memory": f"{8 * ranks}Gi"}
+        assert {k: v for k, v in res["limits"].items() if k != "nvidia.com/gpu"} == {
+            "cpu": str(4 * ranks), "memory": f"{16 * ranks}Gi"}
+        assert shm_size(template) == f"{4 * ranks}Gi"
+    node = trainjob_pod(render(helm4, "trainjob/defaults", sets=("gpusPerReplica=8",)))
+    (container,) = [c for c in node["spec"]["containers"] if c["name"] == "node"]
+    assert container["resources"]["requests"] == {"cpu": "16", "memory": "64Gi"}
+
+
+def test_per_gpu_values_scale_exactly_and_explicit_resources_win(helm4: str) -> None:
+    job = job_of(helm4, sets=("gpusPerReplica=3", "resources.perGpu.requests.cpu=0.5",
+                              "resources.perGpu.limits.cpu=1500m",
+                              "resources.perGpu.limits.memory=1.25Gi",
+                              "resources.requests.memory=1Gi", "shm.perGpu=0.1Gi"))
+    template = pod_templates(job)["Master"]
+    res = trainer_container(template)["resources"]
+    assert res["requests"] == {"cpu": "1.5", "memory": "1Gi"}
+    assert res["limits"] == {"cpu": "4500m", "memory": "3.75Gi", "nvidia.com/gpu": 3}
+    assert shm_size(template) == "0.3Gi"
+    # the 8-GPU value set gives its own quantities: they are used as given
+    template = pod_templates(job_of(helm4, "gpu-3x8"))["Worker"]
+    assert trainer_container(template)["resources"] == {
+        "requests": {"cpu": "32", "memory": "256Gi"},
+        "limits": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": 8}}
+    assert shm_size(template) == "32Gi"
+
+
+def test_a_scaled_request_above_an_explicit_limit_names_its_per_gpu_source(helm4: str) -> None:
+    proc = run_helm(helm4, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                    "--set", "gpusPerReplica=8", "--set", "resources.limits.cpu=8")
+    assert proc.returncode != 0
+    assert "resources.requests.cpu (16: resources.perGpu.requests.cpu x 8)" in proc.stderr
+    assert "resources.limits.cpu (8)" in proc.stderr
+
+
 def test_every_trainer_container_falls_back_to_its_log_for_the_termination_message(
         helm4: str) -> None:
     # The trainer writes its error line to /dev/termination-log; a container killed before it
@@ -611,7 +657,7 @@ def test_the_containers_cpu_limit_and_request_reach_the_ranks_in_millicores(helm
 
 def test_an_unset_cpu_limit_is_not_passed_as_the_nodes_cpu(helm4: str) -> None:
     # The downward API would report the node's allocatable CPU for a missing limit.
-    job = job_of(helm4, sets=("resources.limits.cpu=null",))
+    job = job_of(helm4, sets=("resources.perGpu.limits.cpu=null",))
     for template in pod_templates(job).values():
         assert list(cpu_env(trainer_container(template))) == [
             "DDP_TRAINER_CPU_REQUEST_MILLICORES"]

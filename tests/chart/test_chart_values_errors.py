@@ -68,6 +68,34 @@ BAD_VALUES = {
                                       "tolerations[0].operator=Exist"], "operator"),
     # the rendezvous store and the metrics server would fight over the port at run time
     "master-port-is-the-metrics-port": (["--set", "masterPort=9310"], "metrics.port"),
+    # more that Kubernetes refuses (tests/cluster/test_chart_pod_rules.py asks the API server)
+    "toleration-key-not-a-label-name": (["--set", "tolerations[0].key=a b!",
+                                         "--set", "tolerations[0].operator=Exists"],
+                                        "tolerations.0.key"),
+    "toleration-value-not-a-label-value": (["--set", "tolerations[0].key=a",
+                                            "--set", "tolerations[0].value=x y!"],
+                                           "tolerations.0.value"),
+    "toleration-seconds-above-int64": (["--set", "tolerations[0].key=a",
+                                        "--set", "tolerations[0].effect=NoExecute",
+                                        "--set-json",
+                                        "tolerations[0].tolerationSeconds=9223372036854775808"],
+                                       "tolerationSeconds"),
+    # 1e19 wrapped to -2**63 in the rendered toleration: evicted at once, the opposite
+    "node-loss-toleration-above-int64": (["--set-json", "nodeLossToleranceSeconds=1e19"],
+                                         "nodeLossToleranceSeconds"),
+    "resource-name-without-a-domain": (["--set", "resources.limits.foo=1"],
+                                       "resources.limits.foo"),
+    # E is exa (10**18), not an exponent of nothing
+    "memory-request-of-an-exabyte": (["--set-string", "resources.requests.memory=1E"],
+                                     "resources.limits.memory"),
+    "zero-long-alert-window": (["--set-string",
+                                "metrics.prometheusRule.alerts.lossExploding.window=0"],
+                               "lossExploding.window"),
+    "storage-class-not-dns-1123": (["--set",
+                                    "persistence.checkpoints.create.storageClassName=Fast_SSD"],
+                                   "storageClassName"),
+    # the trainer refuses it only when its pods start
+    "trainer-config-one-beta": (["--set-json", "trainerConfig.optim.betas=[0.9]"], "betas"),
 }
 
 # The same quantity in two notations: equal, so within the limit.
@@ -83,6 +111,40 @@ EQUAL_QUANTITIES = {
 }
 
 
+# Values Kubernetes accepts, near the refused ones above: they render.
+ACCEPTED = {
+    "memory-limit-of-an-exabyte": ["--set-string", "resources.limits.memory=1E"],
+    "memory-limit-of-an-exbibyte": ["--set-string", "resources.limits.memory=1Ei"],
+    "resource-name-with-a-domain": ["--set-json", 'resources.limits={"example.com/foo": 1}'],
+    "hugepages": ["--set", "resources.limits.hugepages-2Mi=1Gi",
+                  "--set", "resources.requests.hugepages-2Mi=1Gi"],
+    "toleration-with-a-prefixed-key": ["--set", "tolerations[0].key=example.com/a_b-c.d",
+                                       "--set", "tolerations[0].value=x.y_z-1"],
+    "alert-window-of-30s": ["--set-string",
+                            "metrics.prometheusRule.alerts.lossExploding.window=30s"],
+    "storage-class-a-dns-subdomain": ["--set", "persistence.checkpoints.create.enabled=true",
+                                      "--set", "persistence.checkpoints.create.storageClassName="
+                                               "fast-ssd.example.com"],
+}
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+@pytest.mark.parametrize("case", sorted(ACCEPTED))
+def test_values_kubernetes_accepts_render(helms: dict[str, str], which: str, case: str) -> None:
+    proc = run_helm(helms[which], "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                    *ACCEPTED[case])
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_the_longest_node_loss_toleration_renders_as_given(helms: dict[str, str],
+                                                          which: str) -> None:
+    proc = run_helm(helms[which], "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                    "--set", "nodeLossToleranceSeconds=9223372036854775807")
+    assert proc.returncode == 0, proc.stderr
+    assert "tolerationSeconds: 9223372036854775807" in proc.stdout
+
+
 @pytest.mark.parametrize("which", ["helm3", "helm4"])
 @pytest.mark.parametrize("case", sorted(BAD_VALUES))
 def test_bad_values_fail_with_a_message_naming_the_key(
@@ -91,7 +153,8 @@ def test_bad_values_fail_with_a_message_naming_the_key(
     args, key = BAD_VALUES[case]
     proc = run_helm(helms[which], "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
     assert proc.returncode != 0, f"{case} rendered:\n{proc.stdout[:500]}"
-    assert key in proc.stderr, proc.stderr
+    # Helm 3 names a value tolerations.0.key, Helm 4 /tolerations/0/key
+    assert key in proc.stderr or key.replace(".", "/") in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("case", sorted(EQUAL_QUANTITIES))

@@ -27,6 +27,10 @@ RESOURCES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "gpu-request-below-limit": ({"nvidia.com/gpu": 1}, {"nvidia.com/gpu": 2}),
     "gpu-request-equal-limit": ({"nvidia.com/gpu": 2}, {"nvidia.com/gpu": 2}),
     "gpu-request-without-limit": ({"nvidia.com/gpu": 1}, {}),
+    "limit-name-without-a-domain": ({}, {"foo": 1}),
+    "limit-name-with-a-domain": ({}, {"example.com/foo": 1}),
+    "memory-request-of-an-exabyte": ({"memory": "1E"}, {"memory": "16Gi"}),
+    "memory-limit-of-an-exabyte": ({"memory": "8Gi"}, {"memory": "1E"}),
 }
 
 
@@ -40,6 +44,13 @@ TOLERATIONS: dict[str, dict[str, Any]] = {
     "operator-misspelt": {"key": "a", "operator": "Exist"},
     "effect-misspelt": {"key": "a", "operator": "Exists", "effect": "NoSchedul"},
     "equal-with-value-and-effect": {"key": "a", "value": "b", "effect": "NoSchedule"},
+    "key-not-a-label-name": {"key": "a b!", "operator": "Exists"},
+    "key-with-a-prefix": {"key": "example.com/a_b-c.d", "operator": "Exists"},
+    "value-not-a-label-value": {"key": "a", "value": "x y!"},
+    "seconds-above-int64": {"key": "a", "effect": "NoExecute",
+                            "tolerationSeconds": 2**63},
+    "seconds-at-int64-max": {"key": "a", "effect": "NoExecute",
+                             "tolerationSeconds": 2**63 - 1},
 }
 
 
@@ -70,7 +81,9 @@ def api_server_accepts(cluster: Cluster, namespace: str, **spec: Any) -> bool:
     manifest["metadata"]["namespace"] = namespace
     proc = cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(manifest),
                            check=False)
-    assert proc.returncode == 0 or "is invalid" in proc.stderr, proc.stderr
+    # a number beyond int64 is refused when the server decodes the pod, before validation
+    assert proc.returncode == 0 or "is invalid" in proc.stderr \
+        or "cannot unmarshal number" in proc.stderr, proc.stderr
     return proc.returncode == 0
 
 
@@ -80,10 +93,11 @@ def test_the_chart_refuses_exactly_the_resources_the_api_server_refuses(
     requests, limits = RESOURCES[case]
     server = api_server_accepts(cluster, namespace,
                                 container={"resources": {"requests": requests, "limits": limits}})
-    # null drops a default (cpu and memory are set in both): the values hold only the case's.
+    # null drops a per-GPU default (cpu and memory in both): the pod holds only the case's.
     defaults = {"cpu": None, "memory": None}
-    spec = render(cluster, tmp_path, {"resources": {"requests": {**defaults, **requests},
-                                                    "limits": {**defaults, **limits}}})
+    spec = render(cluster, tmp_path, {"resources": {"perGpu": {"requests": defaults,
+                                                               "limits": defaults},
+                                                    "requests": requests, "limits": limits}})
     if spec is not None:
         want = {key: value for key, value in (("requests", requests), ("limits", limits))
                 if value}

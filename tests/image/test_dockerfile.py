@@ -69,12 +69,22 @@ def test_the_cpu_variant_installs_the_same_torch_as_the_gpu_base() -> None:
     assert '"torch==${TORCH_VERSION}"' in run
 
 
+def test_the_image_carries_the_torch_the_tests_run() -> None:
+    # one torch for the image and the tests: the image's torch is otherwise untested
+    tests_torch = re.search(r"^TORCH_SPEC \?= torch==(\S+)$", (REPO / "Makefile").read_text(),
+                            re.M)
+    assert tests_torch
+    gpu_base = resolve(parse().stage("base-gpu").base, parse().global_args)
+    assert stage_args("base-cpu")["TORCH_VERSION"] == tests_torch.group(1)
+    assert gpu_base.split(":")[1].startswith(f"{tests_torch.group(1)}-")
+
+
 def test_base_images_and_package_indexes_are_build_args_with_public_defaults() -> None:
     """What a mirror or an air-gapped cluster changes, and nothing else."""
     docker = parse()
     assert docker.global_args == {
         "VARIANT": "gpu", "PYTHON_IMAGE": "python:3.12-slim-bookworm",
-        "PYTORCH_IMAGE": "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime"}
+        "PYTORCH_IMAGE": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"}
     assert [s.base for s in docker.stages] == [
         "${PYTHON_IMAGE}", "${PYTORCH_IMAGE}", "${PYTHON_IMAGE}", "base-${VARIANT}"]
     # Every pip install without its own --index-url reads PIP_INDEX_URL, declared in its stage.

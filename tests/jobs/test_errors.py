@@ -255,7 +255,13 @@ def test_without_the_k8s_extra_the_trainer_works_and_jobs_say_what_to_install() 
     assert failed.returncode == 2
     line = one_line_error(failed.stderr)
     assert "need the Python package 'kubernetes'" in line
-    assert "pip install 'ddp-trainer[k8s]'" in line
+    # no ddp-trainer package is published: the fix installs the clone's extra or its one package
+    assert "from the clone, pip install -e '.[k8s]'" in line
+    import tomllib
+    (pin,) = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["k8s"]
+    assert f"pip install '{pin}'" in line
+    assert "ddp-trainer[k8s]" not in line
 
 
 def test_a_server_that_never_answers_fails_after_the_request_timeout(

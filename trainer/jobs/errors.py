@@ -20,7 +20,9 @@ class ClientMissing(JobsError):
     def __init__(self, missing: str) -> None:
         super().__init__(
             f"the job commands need the Python package {missing!r}, which is not installed",
-            "pip install 'ddp-trainer[k8s]'",
+            # ddp-trainer is not published on a package index: the extra installs from a clone
+            "from the clone, pip install -e '.[k8s]' (or pip install 'kubernetes>=30.1' into "
+            "the environment ddp-trainer runs in)",
         )
 
 

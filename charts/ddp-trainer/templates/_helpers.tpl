@@ -160,7 +160,8 @@ equal.
 {{- $suffixes := dict "" 1000 "m" 1 "k" 1e6 "M" 1e9 "G" 1e12 "T" 1e15 "P" 1e18 "E" 1e21 "Ki" 1024e3 "Mi" 1048576e3 "Gi" 1073741824e3 "Ti" 1099511627776e3 "Pi" 1125899906842624e3 "Ei" 1152921504606846976e3 }}
 {{- $number := regexFind "^[+]?([0-9]+[.]?[0-9]*|[.][0-9]+)" $text }}
 {{- $suffix := trimPrefix $number $text }}
-{{- if regexMatch "^[eE]" $suffix }}
+{{- /* an exponent ("e3", "E-1"), not the suffixes E (exa) and Ei */}}
+{{- if regexMatch "^[eE][-+]?[0-9.]" $suffix }}
 {{- $exp := int (trimPrefix "+" (substr 1 -1 $suffix)) }}
 {{- $scale := 1000.0 }}
 {{- range until (int (ternary $exp (sub 0 $exp) (gt $exp 0))) }}
@@ -173,23 +174,63 @@ equal.
 {{- end }}
 
 {{/*
+A quantity times a whole number, in the quantity's own notation and exact (decimal digits, no
+floats): include "ddp-trainer.scaleQuantity" (list "1.5Gi" 8) is "12Gi", (list "500m" 3) "1500m".
+*/}}
+{{- define "ddp-trainer.scaleQuantity" -}}
+{{- $text := toString (index . 0) }}
+{{- $n := int (index . 1) }}
+{{- $number := regexFind "^[+]?([0-9]+[.]?[0-9]*|[.][0-9]+)" $text }}
+{{- $suffix := trimPrefix $number $text }}
+{{- $parts := splitList "." (trimPrefix "+" $number) }}
+{{- $fraction := "" }}
+{{- if gt (len $parts) 1 }}
+{{- $fraction = index $parts 1 }}
+{{- end }}
+{{- /* leading zeros stripped: sprig reads "010" as octal */}}
+{{- $digits := regexReplaceAll "^0+" (printf "%s%s" (index $parts 0) $fraction) "" | default "0" }}
+{{- $product := mul (int64 $digits) $n | toString }}
+{{- $pad := sub (add (len $fraction) 1) (len $product) }}
+{{- if gt $pad 0 }}
+{{- $product = print (repeat (int $pad) "0") $product }}
+{{- end }}
+{{- $whole := substr 0 (sub (len $product) (len $fraction) | int) $product }}
+{{- $decimals := regexReplaceAll "0+$" (substr (sub (len $product) (len $fraction) | int) -1 $product) "" }}
+{{- $whole }}{{ with $decimals }}.{{ . }}{{ end }}{{ $suffix }}
+{{- end }}
+
+{{/*
 Kubernetes' rules for a container's requests and limits (ValidateResourceRequirements), which
 it applies only when the operator creates the pods: the job would sit with no pods and the
-refusal only in an event. cpu, memory and ephemeral-storage may request less than their limit;
+refusal only in an event. A name is a standard one or qualified by a domain. cpu, memory and ephemeral-storage may request less than their limit;
 every other resource (GPUs, RDMA devices, hugepages) needs a limit equal to its request.
 */}}
 {{- define "ddp-trainer.validateResources" -}}
-{{- $requests := default dict .Values.resources.requests }}
-{{- $limits := fromYaml (include "ddp-trainer.resources" .) | dig "limits" dict }}
+{{- $resources := fromYaml (include "ddp-trainer.resources" .) }}
+{{- $requests := dig "requests" dict $resources }}
+{{- $limits := dig "limits" dict $resources }}
+{{- $explicit := default dict .Values.resources.requests }}
+{{- $ranks := include "ddp-trainer.nprocPerNode" . | int }}
+{{- range $kind := list "requests" "limits" }}
+{{- range $name, $_ := dig $kind dict $resources }}
+{{- if not (regexMatch "^(cpu|memory|ephemeral-storage|hugepages-[^/]+|[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$" $name) }}
+{{- fail (printf "resources.%s.%s: Kubernetes takes cpu, memory, ephemeral-storage, hugepages-<size> or a name qualified by a domain (e.g. nvidia.com/gpu); fix the name" $kind $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- range $name, $request := $requests }}
+{{- $shown := $request }}
+{{- if not (hasKey $explicit $name) }}
+{{- $shown = printf "%v: resources.perGpu.requests.%s x %d" $request $name $ranks }}
+{{- end }}
 {{- $overcommit := has $name (list "cpu" "memory" "ephemeral-storage") }}
 {{- if hasKey $limits $name }}
 {{- $r := include "ddp-trainer.milli" $request | float64 }}
 {{- $l := include "ddp-trainer.milli" (get $limits $name) | float64 }}
 {{- if and $overcommit (gt $r $l) }}
-{{- fail (printf "resources.requests.%s (%v) is above resources.limits.%s (%v): Kubernetes refuses the pods; lower the request or raise the limit" $name $request $name (get $limits $name)) }}
+{{- fail (printf "resources.requests.%s (%v) is above resources.limits.%s (%v): Kubernetes refuses the pods; lower the request or raise the limit" $name $shown $name (get $limits $name)) }}
 {{- else if and (not $overcommit) (ne $r $l) }}
-{{- fail (printf "resources.requests.%s (%v) must equal its limit (%v): Kubernetes does not overcommit %s; set both to the same count, or leave the request out (it defaults to the limit)" $name $request (get $limits $name) $name) }}
+{{- fail (printf "resources.requests.%s (%v) must equal its limit (%v): Kubernetes does not overcommit %s; set both to the same count, or leave the request out (it defaults to the limit)" $name $shown (get $limits $name) $name) }}
 {{- end }}
 {{- else if not $overcommit }}
 {{- fail (printf "resources.requests.%s needs an equal limit: Kubernetes does not overcommit %s; set resources.limits.%s (or gpusPerReplica for GPUs) to the same count" $name $name $name) }}

@@ -104,7 +104,7 @@ threads (trainer/distributed/threads.py); passed only when set, as the downward 
 the node's allocatable CPU for a missing limit.
 */}}
 {{- define "ddp-trainer.env" -}}
-{{- $resources := default dict .Values.resources -}}
+{{- $resources := include "ddp-trainer.resources" . | fromYaml -}}
 - name: HOME
   value: /tmp
 - name: XDG_CACHE_HOME
@@ -148,13 +148,24 @@ the node's allocatable CPU for a missing limit.
 {{- end }}
 
 {{/*
-Container resources: CPU/memory from resources, GPUs from gpusPerReplica, RDMA devices.
+Container resources: CPU/memory from resources.perGpu times the ranks of the pod (a CPU pod runs
+one), key by key overridden by resources.requests/limits; GPUs from gpusPerReplica; RDMA devices.
 */}}
 {{- define "ddp-trainer.resources" -}}
 {{- $v := .Values }}
 {{- $gpus := int $v.gpusPerReplica }}
-{{- $requests := deepCopy (default dict $v.resources.requests) }}
-{{- $limits := deepCopy (default dict $v.resources.limits) }}
+{{- $ranks := include "ddp-trainer.nprocPerNode" . | int }}
+{{- $perGpu := default dict $v.resources.perGpu }}
+{{- $requests := dict }}
+{{- $limits := dict }}
+{{- range $name, $q := default dict $perGpu.requests }}
+{{- $_ := set $requests $name (include "ddp-trainer.scaleQuantity" (list $q $ranks)) }}
+{{- end }}
+{{- range $name, $q := default dict $perGpu.limits }}
+{{- $_ := set $limits $name (include "ddp-trainer.scaleQuantity" (list $q $ranks)) }}
+{{- end }}
+{{- $requests = merge (deepCopy (default dict $v.resources.requests)) $requests }}
+{{- $limits = merge (deepCopy (default dict $v.resources.limits)) $limits }}
 {{- if gt $gpus 0 }}
 {{- $_ := set $limits $v.gpuResourceName $gpus }}
 {{- end }}
@@ -171,6 +182,13 @@ requests:
 limits:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+
+{{/*
+Size limit of /dev/shm: shm.sizeLimit, else shm.perGpu times the ranks of the pod.
+*/}}
+{{- define "ddp-trainer.shmSizeLimit" -}}
+{{- .Values.shm.sizeLimit | default (include "ddp-trainer.scaleQuantity" (list .Values.shm.perGpu (include "ddp-trainer.nprocPerNode" . | int))) }}
 {{- end }}
 
 {{- define "ddp-trainer.securityContext" -}}
@@ -223,7 +241,7 @@ limits:
 - name: dshm
   emptyDir:
     medium: Memory
-    sizeLimit: {{ $v.shm.sizeLimit }}
+    sizeLimit: {{ include "ddp-trainer.shmSizeLimit" $root }}
 - name: tmp
   emptyDir:
     sizeLimit: {{ $v.tmp.sizeLimit }}
