@@ -26,6 +26,7 @@ from trainer import __version__, termination
 from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
 from trainer.distributed.preemption import stopped_while_starting
+from trainer.distributed.threads import users_omp
 from trainer.errors import RankLost, TrainerError, missing
 
 # flag -> (section, key): a shortcut for one config field; its type and help are the field's.
@@ -259,10 +260,9 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         return 0
     from trainer.components import checkpoint
     from trainer.ranks.launcher import check_nproc, launch
-
-    check_nproc(ns.nproc_per_node, ns.oversubscribe, "auto")
     from trainer.ranks.outputs import check_output_dir
 
+    check_nproc(ns.nproc_per_node, ns.oversubscribe, "auto")
     check_output_dir(ns.output_dir, create=True)  # once here, not once per rank
     # every rank scores the same file, chosen once (a directory's newest checkpoint)
     ns.checkpoint = str(checkpoint.resolve(pathlib.Path(ns.checkpoint)))
@@ -363,8 +363,8 @@ def setup_logging(debug: bool) -> None:
 
 
 def _group_kept() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    return bool((dist := sys.modules.get("torch.distributed")) and dist.is_available()
+                and dist.is_initialized())
 
 
 def _exit_now(code: int) -> None:
@@ -386,6 +386,8 @@ def _main(argv: Sequence[str] | None) -> int:
     debug = bool(getattr(ns, "debug", False))
     setup_logging(debug)
     try:
+        if ns.command in ("train", "run", "evaluate"):
+            users_omp()  # before torch's import: libgomp reads it then and warns on its own
         code: int = ns.func(ns)
         if _group_kept():
             # A completed rank leaves without gloo's C++ teardown (see distributed.teardown).

@@ -25,6 +25,7 @@ from trainer.config import (
     DATASET_NAMES,
     DEVICES,
     INT_BITS,
+    MAX_CPU_THREADS,
     MAX_TIMEOUT_SECONDS,
     MODEL_NAMES,
     OPTIMIZERS,
@@ -339,7 +340,8 @@ def validate(cfg: JobConfig) -> None:
              "train.stop_check_seconds", "must be > 0", "use e.g. 15")
     _require(t.device in DEVICES, "train.device", f"unknown device {t.device!r}",
              f"use one of {', '.join(DEVICES)}")
-    _require(t.cpu_threads >= 0, "train.cpu_threads", "must be >= 0",
+    _require(0 <= t.cpu_threads <= MAX_CPU_THREADS, "train.cpu_threads",
+             f"{t.cpu_threads} is outside [0, {MAX_CPU_THREADS}]",
              "use 0 (the pod's CPU shared by its ranks) or a thread count")
     _require(c.every >= 0, "checkpoint.every", "must be >= 0", "use 0 (off)")
     _require(math.isfinite(c.every_seconds) and c.every_seconds >= 0, "checkpoint.every_seconds",
