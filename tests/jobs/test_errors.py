@@ -155,13 +155,14 @@ def test_a_garbage_kubeconfig_is_named_with_its_problem(
 
 @pytest.mark.parametrize("argv", [["list", "--request-timeout", "-1"],
                                   ["list", "--request-timeout", "nan"],
+                                  ["list", "--request-timeout", "1e300"],
                                   ["wait", "mnist", "--poll-interval", "-1"],
                                   ["wait", "mnist", "--poll-interval", "inf"]])
 def test_a_duration_flag_out_of_range_is_named(
         argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert kubectl_main(argv) == 2
     line = one_line_error(capsys.readouterr().err)
-    assert f"{argv[-2]} {argv[-1]} is not a number of seconds > 0" in line, line
+    assert f"{argv[-2]} {float(argv[-1]):g} is not a number of seconds > 0" in line, line
 
 
 # A value the server would misread: an empty name fetches the list of jobs (shown as an empty
@@ -177,6 +178,10 @@ BAD_ARGUMENTS = {
     "prometheus-not-a-url": (["status", "mnist", "--prometheus", "localhost:9090"],
                              "--prometheus 'localhost:9090' is not an http(s) URL"),
     "prometheus-ftp": (["status", "mnist", "--prometheus", "ftp://prom"], "not an http(s) URL"),
+    "prometheus-open-ipv6": (["status", "mnist", "--prometheus", "http://[::1"],
+                             "--prometheus 'http://[::1' is not a valid URL (Invalid IPv6 URL)"),
+    "prometheus-port-out-of-range": (["status", "mnist", "--prometheus", "http://h:99999"],
+                                     "--prometheus 'http://h:99999' is not a valid URL (Port "),
     "rate-window-not-a-duration": (["status", "mnist", "--rate-window", "1m])"],
                                    "--rate-window '1m])' is not a Prometheus duration"),
     "rate-window-zero": (["status", "mnist", "--rate-window", "0s"], "--rate-window '0s'"),
