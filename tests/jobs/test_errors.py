@@ -308,3 +308,34 @@ def test_a_malformed_answer_is_one_line_exit_2(ddp, cluster: FakeCluster, path: 
     assert f"unexpected answer from the API server {cluster.url}" in line
     for needle in needles:
         assert needle in line, line
+
+
+EXEC_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:9"}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+users:
+- name: u
+  user:
+    exec: {apiVersion: client.authentication.k8s.io/v1beta1, command: %s%s}
+"""
+
+
+@pytest.mark.parametrize(("command", "hint", "named"), [
+    ("ddp-no-such-plugin", "", "exec plugin 'ddp-no-such-plugin', which is not found on PATH "
+                               "(fix: install it, or fix users[].user.exec.command there)"),
+    ("./bin/ddp-no-such-plugin", ", installHint: 'pip install the-plugin'",
+     "exec plugin './bin/ddp-no-such-plugin', which is not found (fix: pip install the-plugin; "
+     "or fix users[].user.exec.command there)"),
+], ids=["on-path", "relative-with-hint"])
+def test_a_missing_exec_credential_plugin_is_named_not_the_api_server(
+        command: str, hint: str, named: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(EXEC_KUBECONFIG % (command, hint))
+    assert kubectl_main(["list", "--kubeconfig", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # no line of the client's before ours
+    line = one_line_error(err)
+    assert f"kubeconfig {path}: user 'u' gets its credentials from the {named}" in line, line
