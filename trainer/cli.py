@@ -268,11 +268,8 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
     ns.checkpoint = str(checkpoint.resolve(pathlib.Path(ns.checkpoint)))
     timeout = ns.timeout if ns.timeout is not None else DistConfig().timeout_seconds
     argv = ["evaluate", "--as-rank", "--checkpoint", ns.checkpoint, "--output-dir",
-            ns.output_dir, "--timeout", str(timeout)]
-    if ns.dataset:
-        argv += ["--dataset", ns.dataset]
-    if ns.debug:
-        argv.append("--debug")
+            ns.output_dir, "--timeout", str(timeout),
+            *(["--dataset", ns.dataset] if ns.dataset else []), *(["--debug"] if ns.debug else [])]
     return launch(argv, ns.nproc_per_node, 0, timeout, {}, ns.debug)
 
 
@@ -329,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, metavar="PATH",
                    help="a ckpt-*.pt file, or a checkpoint directory (its newest valid one)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
-                   help="ranks to evaluate with (the result is identical for any N)")
+                   help="ranks to evaluate with (accuracy and counts are identical for any N; the "
+                        "loss, a mean of per-batch losses, to float32 rounding)")
     _add_oversubscribe(p)
     p.add_argument("--dataset", default=None,
                    help="dataset to score (default: the checkpoint's); its validation split")
