@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import REPO
 from trainer.components import checkpoint
 from trainer.errors import CheckpointError
 
@@ -100,3 +104,42 @@ def test_background_write_failure_is_raised_by_wait_and_keeps_earlier_files(
         writer.wait()
     writer.close()
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-000000001.pt"]
+
+
+# In a mount namespace of its own (unshare: no root needed, the mount vanishes with it), the
+# checkpoint directory is a tmpfs remounted read-only between a save and its rotation, as a
+# volume that turns read-only mid-run.
+READ_ONLY_DRIVER = """
+import subprocess, sys
+from pathlib import Path
+import torch
+from trainer.components import checkpoint
+from trainer.errors import CheckpointError
+directory = Path(sys.argv[1])
+for step in (1, 2, 3):
+    written = checkpoint.save(directory, step, {"w": torch.tensor([float(step)])}, keep=3)
+subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
+try:
+    checkpoint.rotate(directory, 1, written)
+except CheckpointError as exc:
+    print(exc)
+print(sorted(p.name for p in directory.iterdir()))
+"""
+
+
+def test_a_directory_turned_read_only_before_rotation_is_one_error_and_keeps_every_file(
+        tmp_path: Path) -> None:
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    argv = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+            'mount -t tmpfs ddp-ro "$1" && shift && exec "$@"', "sh", str(directory),
+            sys.executable, "-c", READ_ONLY_DRIVER, str(directory)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    error, files = proc.stdout.splitlines()
+    assert error == (f"checkpoint dir {directory}: ckpt-000000003.pt was saved, but rotation "
+                     f"could not delete {directory}/ckpt-000000002.pt (Read-only file system); "
+                     "every checkpoint there is kept (fix: make --checkpoint-dir writable "
+                     "again; a rerun resumes from the newest checkpoint)")
+    assert files == str(["ckpt-000000001.pt", "ckpt-000000002.pt", "ckpt-000000003.pt"])

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 from pathlib import Path
 
+import pytest
 import torch
 
+from trainer.errors import OutputError
 from trainer.loop.interval_stats import Interval, StepLog
 
 
@@ -43,3 +47,32 @@ def test_step_log_lines_are_json_and_a_second_run_appends(tmp_path: Path) -> Non
     assert rows == [{"step": 1, "epoch": 0, "loss": 0.25}, {"step": 2, "epoch": 0, "loss": 1e-05},
                     {"step": 3, "epoch": 1, "loss": 2.0 / 3.0}, {"step": 4, "epoch": 1,
                                                                   "loss": math.pi}]
+
+
+def test_a_fresh_step_log_counts_only_ascii_digits_in_the_names_it_moves_aside(
+        tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"step": 1}\n')
+    (tmp_path / "steps.².jsonl").write_text("a user's file\n")
+    log = StepLog(path, fresh=True)
+    log.append(1, [0], [0.5])
+    log.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "steps.1.jsonl", "steps.jsonl", "steps.².jsonl"]
+    assert (tmp_path / "steps.1.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_a_steps_file_that_cannot_be_moved_aside_is_an_output_error_and_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"step": 1}\n')
+
+    def refuse(src: object, dst: object) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(src))
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OutputError, match=r"^output\.dir: steps\.jsonl could not be written in "
+                       r".* \(Permission denied\); what the run wrote before is kept \(fix: "):
+        StepLog(path, fresh=True).append(1, [0], [0.5])
+    assert [p.name for p in tmp_path.iterdir()] == ["steps.jsonl"]
+    assert path.read_text() == '{"step": 1}\n'

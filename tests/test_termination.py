@@ -182,3 +182,15 @@ def test_sigterm_to_the_trainer_as_pid_1_while_it_starts_ends_it_at_once_with_14
     assert proc.returncode == Preempted.exit_code, err
     # stopped before training began: training's own handler would have checkpointed first
     assert not ckpt.exists() and "Traceback" not in err, err
+
+
+def test_a_line_with_an_undecodable_byte_is_the_termination_message_escaped(
+        tmp_path: Path) -> None:
+    path = kubelet_file(tmp_path)
+    dataset = os.fsdecode(bytes(tmp_path) + b"/data\xff.npz")
+    proc = run_cli("train", "--dataset", dataset, "--output-dir", str(tmp_path / "o"),
+                   env={termination.ENV: str(path)})
+    assert proc.returncode == 2, proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert "data\\udcff.npz" in line
+    assert path.read_text(encoding="utf-8") == line + "\n"

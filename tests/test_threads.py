@@ -33,25 +33,46 @@ def cgroup_v1(tmp_path: Path, quota_us: int, period_us: int) -> Path:
 
 def test_the_configured_count_wins_over_omp_num_threads_and_the_pod(tmp_path: Path) -> None:
     env = {"OMP_NUM_THREADS": "3", LIMIT_ENV: "8000"}
-    assert decide(5, 2, env, cgroup_v2(tmp_path, "400000 100000")) == threads.Threads(
-        5, "train.cpu_threads=5")
+    assert decide(3, 2, env, cgroup_v2(tmp_path, "400000 100000"), cores=8) == threads.Threads(
+        3, "train.cpu_threads=3")
 
 
 def test_a_users_omp_num_threads_wins_over_the_pods_cpu(tmp_path: Path) -> None:
-    got = decide(0, 2, {"OMP_NUM_THREADS": "3", LIMIT_ENV: "8000"}, tmp_path)
+    got = decide(0, 2, {"OMP_NUM_THREADS": "3", LIMIT_ENV: "8000"}, tmp_path, cores=8)
     assert got == threads.Threads(3, "OMP_NUM_THREADS=3")
 
 
 def test_the_launchers_omp_num_threads_is_decided_again_from_the_pod(tmp_path: Path) -> None:
     env = {"OMP_NUM_THREADS": "7", LAUNCHER_ENV: "1", LIMIT_ENV: "4000"}
-    assert decide(0, 2, env, tmp_path) == threads.Threads(2, "cpu limit 4 / 2 ranks")
+    assert decide(0, 2, env, tmp_path, cores=8) == threads.Threads(2, "cpu limit 4 / 2 ranks")
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two"])
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1025", ",2"])
 def test_a_malformed_omp_num_threads_is_a_config_error_naming_it(tmp_path: Path,
                                                                  value: str) -> None:
     with pytest.raises(ConfigError, match=f"OMP_NUM_THREADS='{value}'"):
         decide(0, 1, {"OMP_NUM_THREADS": value}, tmp_path)
+
+
+def test_omp_num_threads_counts_its_first_value_as_libgomp_does(tmp_path: Path) -> None:
+    assert decide(0, 1, {"OMP_NUM_THREADS": "2,1"}, tmp_path, cores=8) == threads.Threads(
+        2, "OMP_NUM_THREADS=2")
+
+
+@pytest.mark.parametrize(("configured", "env"), [
+    (1000, {}), (0, {"OMP_NUM_THREADS": "1000"}), (0, {LIMIT_ENV: "1000000"})])
+def test_no_source_gives_more_threads_than_the_usable_cores(
+        tmp_path: Path, configured: int, env: dict[str, str]) -> None:
+    got = decide(configured, 1, env, tmp_path, cores=2)
+    assert got.count == 2 and got.reason.endswith(", capped at the 2 usable cores"), got
+
+
+def test_the_usable_cores_are_the_affinity_at_most_the_cgroup_quota_rounded_up(
+        tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert threads.usable_cores(tmp_path) == cores
+    assert threads.usable_cores(cgroup_v2(tmp_path, "50000 100000")) == 1
+    assert threads.usable_cores(cgroup_v2(tmp_path, f"{cores * 100000 + 1} 100000")) == cores
 
 
 def test_the_cpu_limit_is_shared_by_the_ranks_of_the_pod(tmp_path: Path) -> None:
@@ -61,7 +82,7 @@ def test_the_cpu_limit_is_shared_by_the_ranks_of_the_pod(tmp_path: Path) -> None
 
 
 def test_the_cpu_request_counts_when_there_is_no_limit(tmp_path: Path) -> None:
-    assert decide(0, 1, {REQUEST_ENV: "3500"}, tmp_path) == threads.Threads(
+    assert decide(0, 1, {REQUEST_ENV: "3500"}, tmp_path, cores=8) == threads.Threads(
         3, "cpu request 3.5 / 1 rank")
 
 
@@ -70,7 +91,7 @@ def test_a_share_under_one_core_still_runs_one_thread(tmp_path: Path) -> None:
 
 
 def test_the_cgroup_v2_quota_counts_without_the_charts_variables(tmp_path: Path) -> None:
-    assert decide(0, 2, {}, cgroup_v2(tmp_path, "600000 100000")) == threads.Threads(
+    assert decide(0, 2, {}, cgroup_v2(tmp_path, "600000 100000"), cores=8) == threads.Threads(
         3, "cgroup cpu quota 6 / 2 ranks")
 
 
@@ -117,9 +138,38 @@ def test_train_alone_runs_the_pods_cpu_limit_in_threads(tmp_path: Path) -> None:
 
 def test_train_alone_honours_the_configured_count(tmp_path: Path) -> None:
     proc = run_cli("train", *TINY, "--output-dir", str(tmp_path), "--set",
-                   "train.cpu_threads=3", env={LIMIT_ENV: "1000", "OMP_NUM_THREADS": "2"})
+                   "train.cpu_threads=1", env={LIMIT_ENV: "2000", "OMP_NUM_THREADS": "2"})
     assert proc.returncode == 0, proc.stderr
-    assert thread_lines(proc.stderr) == ["threads: 3 per rank (train.cpu_threads=3)"]
+    assert thread_lines(proc.stderr) == ["threads: 1 per rank (train.cpu_threads=1)"]
+
+
+def test_train_runs_a_thousand_threads_asked_for_on_the_usable_cores(tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    proc = run_cli("train", *TINY, "--output-dir", str(tmp_path),
+                   env={"OMP_NUM_THREADS": "1000"})
+    assert proc.returncode == 0, proc.stderr
+    assert thread_lines(proc.stderr) == [
+        f"threads: {cores} per rank (OMP_NUM_THREADS=1000, capped at the {cores} usable "
+        f"core{'s' if cores > 1 else ''})"]
+
+
+@pytest.mark.parametrize("command", ["train", "run", "evaluate"])
+def test_a_bad_omp_num_threads_is_one_line_before_torch_and_any_rank(tmp_path: Path,
+                                                                     command: str) -> None:
+    args = ["--checkpoint", str(tmp_path)] if command == "evaluate" else [
+        *TINY, "--output-dir", str(tmp_path)]
+    proc = run_cli(command, *args, env={"OMP_NUM_THREADS": "abc"})
+    assert proc.returncode == 2
+    assert proc.stderr == ("error: OMP_NUM_THREADS='abc' is not a thread count in [1, 1024] "
+                           "(fix: unset OMP_NUM_THREADS or set it to 1 or more, at most the "
+                           "cores here)\n")
+
+
+def test_a_thread_count_above_the_limit_is_refused_naming_it(tmp_path: Path) -> None:
+    proc = run_cli("train", *TINY, "--set", "train.cpu_threads=1025")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: train.cpu_threads: 1025 is outside "
+                                  "[0, 1024] (fix: "), proc.stderr
 
 
 def test_run_shares_the_pods_cpu_limit_between_its_ranks(tmp_path: Path) -> None:
@@ -131,9 +181,9 @@ def test_run_shares_the_pods_cpu_limit_between_its_ranks(tmp_path: Path) -> None
 
 def test_run_keeps_a_users_omp_num_threads(tmp_path: Path) -> None:
     proc = run_cli("run", "--nproc-per-node", "2", *TINY, "--output-dir", str(tmp_path),
-                   env={LIMIT_ENV: "4000", "OMP_NUM_THREADS": "3"})
+                   env={LIMIT_ENV: "4000", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
-    assert thread_lines(proc.stderr) == ["threads: 3 per rank (OMP_NUM_THREADS=3)"]
+    assert thread_lines(proc.stderr) == ["threads: 1 per rank (OMP_NUM_THREADS=1)"]
 
 
 def test_run_gives_a_user_script_its_share_too(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from trainer import __version__, termination
 from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
 from trainer.distributed.preemption import stopped_while_starting
+from trainer.distributed.threads import users_omp
 from trainer.errors import RankLost, TrainerError, missing
 from trainer.export.command import register as register_export
 
@@ -260,20 +261,16 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         return 0
     from trainer.components import checkpoint
     from trainer.ranks.launcher import check_nproc, launch
-
-    check_nproc(ns.nproc_per_node, ns.oversubscribe, "auto")
     from trainer.ranks.outputs import check_output_dir
 
+    check_nproc(ns.nproc_per_node, ns.oversubscribe, "auto")
     check_output_dir(ns.output_dir, create=True)  # once here, not once per rank
     # every rank scores the same file, chosen once (a directory's newest checkpoint)
     ns.checkpoint = str(checkpoint.resolve(pathlib.Path(ns.checkpoint)))
     timeout = ns.timeout if ns.timeout is not None else DistConfig().timeout_seconds
     argv = ["evaluate", "--as-rank", "--checkpoint", ns.checkpoint, "--output-dir",
-            ns.output_dir, "--timeout", str(timeout)]
-    if ns.dataset:
-        argv += ["--dataset", ns.dataset]
-    if ns.debug:
-        argv.append("--debug")
+            ns.output_dir, "--timeout", str(timeout),
+            *(["--dataset", ns.dataset] if ns.dataset else []), *(["--debug"] if ns.debug else [])]
     return launch(argv, ns.nproc_per_node, 0, timeout, {}, ns.debug)
 
 
@@ -330,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, metavar="PATH",
                    help="a ckpt-*.pt file, or a checkpoint directory (its newest valid one)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
-                   help="ranks to evaluate with (the result is identical for any N)")
+                   help="ranks to evaluate with (accuracy and counts are identical for any N; the "
+                        "loss, a mean of per-batch losses, to float32 rounding)")
     _add_oversubscribe(p)
     p.add_argument("--dataset", default=None,
                    help="dataset to score (default: the checkpoint's); its validation split")
@@ -365,8 +363,8 @@ def setup_logging(debug: bool) -> None:
 
 
 def _group_kept() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    return bool((dist := sys.modules.get("torch.distributed")) and dist.is_available()
+                and dist.is_initialized())
 
 
 def _exit_now(code: int) -> None:
@@ -388,6 +386,8 @@ def _main(argv: Sequence[str] | None) -> int:
     debug = bool(getattr(ns, "debug", False))
     setup_logging(debug)
     try:
+        if ns.command in ("train", "run", "evaluate"):
+            users_omp()  # before torch's import: libgomp reads it then and warns on its own
         code: int = ns.func(ns)
         if _group_kept():
             # A completed rank leaves without gloo's C++ teardown (see distributed.teardown).

@@ -64,6 +64,10 @@ BACKENDS = ("auto", "nccl", "gloo")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_TIMEOUT_SECONDS = 365 * 24 * 3600.0
 """Longest timeout accepted (a year); torch's stores and C++ timers overflow far above it."""
+MAX_CPU_THREADS = 1024
+"""Most intra-op threads a rank may be given (`train.cpu_threads`, `OMP_NUM_THREADS`): more is
+a typo (a machine with more cores than this is rare); a count above the usable cores is capped
+at them (trainer/distributed/threads.py)."""
 INT_BITS = 64
 """Config ints are 64-bit signed (torch seeds, counters, sizes)."""
 
@@ -247,10 +251,11 @@ class TrainConfig:
     pod's termination grace period (the chart sets it from that)."""
     device: str = field(default="auto", metadata=one_of(DEVICES))
     """`auto` (CUDA when available), `cpu` or `cuda`."""
-    cpu_threads: int = field(default=0, metadata=limits(minimum=0))
+    cpu_threads: int = field(default=0, metadata=limits(minimum=0, maximum=MAX_CPU_THREADS))
     """Intra-op CPU threads of each rank; 0: `OMP_NUM_THREADS` if set, else the pod's CPU
     (its limit, else its request, else the cgroup quota, else the cores) divided by the ranks
-    in the pod, at least 1. Logged once by rank 0. More threads than cores spin: 2 one-rank
+    in the pod, at least 1; at most the cores the rank may use (more are capped). Logged once
+    by rank 0. More threads than cores spin: 2 one-rank
     pods of 2 threads each on 2 cores spent 31.7 % of rank 0's time in libgomp."""
 
 

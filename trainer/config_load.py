@@ -25,6 +25,7 @@ from trainer.config import (
     DATASET_NAMES,
     DEVICES,
     INT_BITS,
+    MAX_CPU_THREADS,
     MAX_TIMEOUT_SECONDS,
     MODEL_NAMES,
     OPTIMIZERS,
@@ -127,8 +128,9 @@ def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
         hints = _section_types(type(target))
         for key, value in values.items():
             if key not in hints:
+                shown = key if isinstance(key, str) and key.isidentifier() else _short(key, SHOWN)
                 raise ConfigError(
-                    f"{source}: unknown key {section}.{key}",
+                    f"{source}: unknown key {section}.{shown}",
                     f"valid keys of {section}: {', '.join(hints)}",
                 )
             checked = _check_type(f"{section}.{key}", value, hints[key])
@@ -200,11 +202,38 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
                           f"0x{exc.object[exc.start]:02x} at offset {exc.start})",
                           "save it as UTF-8") from None
     try:
-        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        loaded = _yaml(text, f"config file {p}")
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {p} is not valid YAML: {yaml_problem(exc)}",
                           "fix the YAML there (each key once per mapping)") from None
     return loaded or {}
+
+
+MAX_DEPTH = 100
+"""Deepest nesting of lists and mappings a config value may have: PyYAML's loader, and the
+copies and dumps of the config after it, recurse once per level (3000 levels raised
+RecursionError)."""
+
+
+def _yaml(text: str, where: str) -> Any:
+    """`text` loaded with the unique-key loader; ConfigError, naming `where`, when it nests
+    deeper than :data:`MAX_DEPTH`."""
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        loaded = None
+    else:
+        stack, deepest = [(loaded, 0)], 0
+        while stack and deepest <= MAX_DEPTH:  # not recursive: the value may be that deep
+            value, depth = stack.pop()
+            deepest = max(deepest, depth)
+            children = value.values() if isinstance(value, dict) else value if isinstance(
+                value, list) else ()
+            stack.extend((child, depth + 1) for child in children)
+        if deepest <= MAX_DEPTH:
+            return loaded
+    raise ConfigError(f"{where} nests lists or mappings more than {MAX_DEPTH} levels deep",
+                      "flatten it: no config value needs that many levels")
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -230,7 +259,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
                                   f"{_short(part, SHOWN)}", "set a key or its sub-keys, not both")
             node = child
         try:
-            node[parts[-1]] = yaml.load(raw, Loader=_UniqueKeyLoader) if raw else ""  # noqa: S506
+            node[parts[-1]] = _yaml(raw, f"--set {_short(name, SHOWN)}") if raw else ""
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {_short(item, SHOWN)}: the value is not valid YAML: "
                               f"{yaml_problem(exc)}", "write a YAML scalar, [list] or {mapping} "
@@ -250,6 +279,11 @@ def build_config(config_file: str | None, *cli: dict[str, Any]) -> JobConfig:
     return cfg
 
 
+def _q(value: Any) -> str:
+    """A user's value quoted in an error line, cut to :data:`SHOWN` characters."""
+    return _short(value, SHOWN)
+
+
 def _require(ok: bool, where: str, problem: str, fix: str) -> None:
     if not ok:
         raise ConfigError(f"{where}: {problem}", fix)
@@ -263,7 +297,7 @@ def validate(cfg: JobConfig) -> None:
         why, fix = missing(d.dataset, "pass an existing file or directory")
         _require(os.path.exists(d.dataset), "data.dataset",
                  f"data path {d.dataset} {why}" if looks_like_path else
-                 f"unknown dataset {d.dataset!r} (not a built-in, an import path or a path)",
+                 f"unknown dataset {_q(d.dataset)} (not a built-in, an import path or a path)",
                  fix if looks_like_path else
                  f"use one of {', '.join(DATASET_NAMES)}, a data path or package.module:callable")
     _require(0.0 <= d.val_fraction < 1.0, "data.val_fraction",
@@ -276,22 +310,22 @@ def validate(cfg: JobConfig) -> None:
     _require(d.num_workers >= 0, "data.num_workers", "must be >= 0", "use 0 or more")
     _require(d.prefetch_factor >= 1, "data.prefetch_factor", "must be >= 1", "use e.g. 2")
     _require(d.worker_start in WORKER_STARTS, "data.worker_start",
-             f"unknown start method {d.worker_start!r}", f"use one of {', '.join(WORKER_STARTS)}")
-    _require(d.format in DATA_FORMATS, "data.format", f"unknown format {d.format!r}",
+             f"unknown start method {_q(d.worker_start)}", f"use one of {', '.join(WORKER_STARTS)}")
+    _require(d.format in DATA_FORMATS, "data.format", f"unknown format {_q(d.format)}",
              f"use one of {', '.join(DATA_FORMATS)}")
     _require(d.format == "auto" or not (d.dataset in DATASET_NAMES or is_import_path(d.dataset)),
-             "data.format", f"{d.format!r} describes a data path, but data.dataset is "
-             f"{d.dataset!r}", "leave data.format at auto, or pass a data path with --dataset")
+             "data.format", f"{_q(d.format)} describes a data path, but data.dataset is "
+             f"{_q(d.dataset)}", "leave data.format at auto, or pass a data path with --dataset")
     _require(d.image_size >= 8, "data.image_size", f"{d.image_size} < 8", "use e.g. 224")
     _require(len(d.image_mean) == 3, "data.image_mean", "needs 3 values (R, G, B)",
              "e.g. [0.485, 0.456, 0.406]")
     _require(len(d.image_std) == 3 and min(d.image_std) > 0, "data.image_std",
              "needs 3 values > 0 (R, G, B)", "e.g. [0.229, 0.224, 0.225]")
     _require(m.name in MODEL_NAMES or is_import_path(m.name), "model.name",
-             f"unknown model {m.name!r}",
+             f"unknown model {_q(m.name)}",
              f"use one of {', '.join(MODEL_NAMES)} or an import path package.module:callable")
     _require(t.step in STEP_NAMES or is_import_path(t.step), "train.step",
-             f"unknown step {t.step!r}",
+             f"unknown step {_q(t.step)}",
              f"use one of {', '.join(STEP_NAMES)} or an import path package.module:callable")
     _require(bool(m.hidden_sizes) and min(m.hidden_sizes) >= 1, "model.hidden_sizes",
              "needs at least one width, all >= 1", "e.g. [128, 64]")
@@ -299,23 +333,25 @@ def validate(cfg: JobConfig) -> None:
              "needs two channel counts >= 1", "e.g. [16, 32]")
     _require(math.isfinite(o.lr) and o.lr > 0, "optim.lr", f"{o.lr} is not a positive number",
              "use e.g. --lr 0.05")
-    _require(o.name in OPTIMIZERS, "optim.name", f"unknown optimizer {o.name!r}",
+    _require(o.name in OPTIMIZERS, "optim.name", f"unknown optimizer {_q(o.name)}",
              f"use one of {', '.join(OPTIMIZERS)}")
     _require(0.0 <= o.momentum < 1.0, "optim.momentum", "must be in [0, 1)", "use e.g. 0.9")
-    _require(o.schedule in SCHEDULES, "optim.schedule", f"unknown schedule {o.schedule!r}",
+    _require(o.schedule in SCHEDULES, "optim.schedule", f"unknown schedule {_q(o.schedule)}",
              f"use one of {', '.join(SCHEDULES)}")
     _require(o.warmup_steps >= 0, "optim.warmup_steps", f"{o.warmup_steps} < 0",
              "use 0 (no warm-up) or more")
     _require(math.isfinite(o.min_lr) and 0 <= o.min_lr <= o.lr, "optim.min_lr",
              f"{o.min_lr} is not in [0, optim.lr]", "use e.g. 0 or lr / 10")
     _require(o.step_size >= 1, "optim.step_size", "must be >= 1", "use e.g. 1000")
-    _require(math.isfinite(o.gamma) and 0 < o.gamma <= 1, "optim.gamma", "must be in (0, 1]",
-             "use e.g. 0.1")
-    _require(math.isfinite(o.grad_clip) and o.grad_clip >= 0, "optim.grad_clip", "must be >= 0",
+    _require(math.isfinite(o.gamma) and 0 < o.gamma <= 1, "optim.gamma",
+             f"{o.gamma} is not a number in (0, 1]", "use e.g. 0.1")
+    _require(math.isfinite(o.grad_clip) and o.grad_clip >= 0, "optim.grad_clip",
+             f"{o.grad_clip} is not a finite number >= 0",
              "use 0 (off) or a max norm such as 1.0")
     _require(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
              f"{o.betas} is not two numbers in [0, 1)", "use e.g. [0.9, 0.999]")
-    _require(math.isfinite(o.eps) and o.eps > 0, "optim.eps", "must be > 0", "use e.g. 1e-8")
+    _require(math.isfinite(o.eps) and o.eps > 0, "optim.eps",
+             f"{o.eps} is not a finite number > 0", "use e.g. 1e-8")
     _require(math.isfinite(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay",
              f"{o.weight_decay} is not a finite number >= 0", "use 0 or more, e.g. 0.01")
     _require(t.epochs >= 1, "train.epochs", f"{t.epochs} < 1", "use --epochs 1 or more")
@@ -324,31 +360,34 @@ def validate(cfg: JobConfig) -> None:
     _require(t.max_steps >= 0, "train.max_steps", "must be >= 0", "use 0 for no limit")
     _require(t.batch_size >= 1, "train.batch_size", f"{t.batch_size} < 1",
              "use --batch-size 1 or more")
-    _require(t.precision in PRECISIONS, "train.precision", f"unknown precision {t.precision!r}",
+    _require(t.precision in PRECISIONS, "train.precision", f"unknown precision {_q(t.precision)}",
              f"use one of {', '.join(PRECISIONS)}")
     _require(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"{t.grad_accum_steps} < 1",
              "use 1 (no accumulation) or more")
-    _require(t.strategy in STRATEGIES, "train.strategy", f"unknown strategy {t.strategy!r}",
+    _require(t.strategy in STRATEGIES, "train.strategy", f"unknown strategy {_q(t.strategy)}",
              f"use one of {', '.join(STRATEGIES)}")
-    _require(t.sampler in SAMPLERS, "train.sampler", f"unknown sampler {t.sampler!r}",
+    _require(t.sampler in SAMPLERS, "train.sampler", f"unknown sampler {_q(t.sampler)}",
              f"use one of {', '.join(SAMPLERS)}")
     _require(t.log_every >= 1, "train.log_every", "must be >= 1", "use 1 or more")
     _require(math.isfinite(t.log_seconds) and t.log_seconds >= 0, "train.log_seconds",
-             "must be >= 0", "use e.g. 1, or 0 to report every train.log_every steps")
+             f"{t.log_seconds} is not a finite number >= 0",
+             "use e.g. 1, or 0 to report every train.log_every steps")
     _require(math.isfinite(t.stop_check_seconds) and t.stop_check_seconds > 0,
-             "train.stop_check_seconds", "must be > 0", "use e.g. 15")
-    _require(t.device in DEVICES, "train.device", f"unknown device {t.device!r}",
+             "train.stop_check_seconds", f"{t.stop_check_seconds} is not a finite number > 0",
+             "use e.g. 15")
+    _require(t.device in DEVICES, "train.device", f"unknown device {_q(t.device)}",
              f"use one of {', '.join(DEVICES)}")
-    _require(t.cpu_threads >= 0, "train.cpu_threads", "must be >= 0",
+    _require(0 <= t.cpu_threads <= MAX_CPU_THREADS, "train.cpu_threads",
+             f"{t.cpu_threads} is outside [0, {MAX_CPU_THREADS}]",
              "use 0 (the pod's CPU shared by its ranks) or a thread count")
     _require(c.every >= 0, "checkpoint.every", "must be >= 0", "use 0 (off)")
     _require(math.isfinite(c.every_seconds) and c.every_seconds >= 0, "checkpoint.every_seconds",
-             "must be >= 0", "use e.g. 300, or 0 (off)")
+             f"{c.every_seconds} is not a finite number >= 0", "use e.g. 300, or 0 (off)")
     _require(bool(cfg.output.dir), "output.dir", "is empty (outputs never go to an unnamed "
              "directory)", "name the directory, e.g. --output-dir outputs")
     _require(c.keep >= 1, "checkpoint.keep", "must be >= 1", "keep at least one checkpoint")
-    _require(cfg.dist.backend in BACKENDS, "dist.backend", f"unknown backend {cfg.dist.backend!r}",
-             f"use one of {', '.join(BACKENDS)}")
+    _require(cfg.dist.backend in BACKENDS, "dist.backend",
+             f"unknown backend {_q(cfg.dist.backend)}", f"use one of {', '.join(BACKENDS)}")
     check_timeout("dist.timeout_seconds", cfg.dist.timeout_seconds, "use e.g. --timeout 600")
     hang = cfg.dist.hang_seconds
     _require(math.isfinite(hang) and 0 <= hang <= MAX_TIMEOUT_SECONDS, "dist.hang_seconds",
@@ -357,4 +396,6 @@ def validate(cfg: JobConfig) -> None:
     _require(0 <= cfg.metrics.port <= 65535, "metrics.port", f"{cfg.metrics.port} is not a port",
              "use 0 (off) or 1-65535")
     _require(math.isfinite(cfg.metrics.linger_seconds) and cfg.metrics.linger_seconds >= 0,
-             "metrics.linger_seconds", "must be >= 0", "use 0 to stop serving at once")
+             "metrics.linger_seconds",
+             f"{cfg.metrics.linger_seconds} is not a finite number >= 0",
+             "use 0 to stop serving at once")

@@ -16,10 +16,19 @@ def first_line(value: object, limit: int = 300, empty: str | None = None) -> str
     return text.splitlines()[0][:limit]
 
 
+LONGEST = 1000
+"""Characters of a problem or a fix an error line shows: a value quoted whole (a 50 MB
+`model.name`) made a 52 MB line."""
+
+
 def _one_line(text: str) -> str:
-    """`text` with its line breaks escaped: user input (a key, a path) quoted in a message
-    cannot break the promised single line."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    """`text` with its line breaks escaped (user input, a key or a path, quoted in a message
+    cannot break the promised single line), its middle cut when it is longer than
+    :data:`LONGEST`: the start names the problem, the end closes what it quotes."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    if len(text) <= LONGEST:
+        return text
+    return f"{text[:LONGEST - 300]}... ({len(text)} characters, cut) ...{text[-200:]}"
 
 
 USER_CODE_EXIT = 5

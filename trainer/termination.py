@@ -53,7 +53,9 @@ def write(line: str, path: Path | None = None) -> None:
     path = path or target()
     if path is None:
         return
-    data = line.encode("utf-8")[:LIMIT - 1].decode("utf-8", "ignore")
+    # A path's undecodable byte is a lone surrogate here (\udcff), which UTF-8 refuses: written as
+    # the `\udcff` escape, as stderr shows it.
+    data = line.encode("utf-8", "backslashreplace")[:LIMIT - 1].decode("utf-8", "ignore")
     with contextlib.suppress(OSError):  # read-only or gone: the printed line still tells
         path.write_text(data + "\n", encoding="utf-8")
 

@@ -155,13 +155,14 @@ def test_a_garbage_kubeconfig_is_named_with_its_problem(
 
 @pytest.mark.parametrize("argv", [["list", "--request-timeout", "-1"],
                                   ["list", "--request-timeout", "nan"],
+                                  ["list", "--request-timeout", "1e300"],
                                   ["wait", "mnist", "--poll-interval", "-1"],
                                   ["wait", "mnist", "--poll-interval", "inf"]])
 def test_a_duration_flag_out_of_range_is_named(
         argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert kubectl_main(argv) == 2
     line = one_line_error(capsys.readouterr().err)
-    assert f"{argv[-2]} {argv[-1]} is not a number of seconds > 0" in line, line
+    assert f"{argv[-2]} {float(argv[-1]):g} is not a number of seconds > 0" in line, line
 
 
 # A value the server would misread: an empty name fetches the list of jobs (shown as an empty
@@ -177,6 +178,10 @@ BAD_ARGUMENTS = {
     "prometheus-not-a-url": (["status", "mnist", "--prometheus", "localhost:9090"],
                              "--prometheus 'localhost:9090' is not an http(s) URL"),
     "prometheus-ftp": (["status", "mnist", "--prometheus", "ftp://prom"], "not an http(s) URL"),
+    "prometheus-open-ipv6": (["status", "mnist", "--prometheus", "http://[::1"],
+                             "--prometheus 'http://[::1' is not a valid URL (Invalid IPv6 URL)"),
+    "prometheus-port-out-of-range": (["status", "mnist", "--prometheus", "http://h:99999"],
+                                     "--prometheus 'http://h:99999' is not a valid URL (Port "),
     "rate-window-not-a-duration": (["status", "mnist", "--rate-window", "1m])"],
                                    "--rate-window '1m])' is not a Prometheus duration"),
     "rate-window-zero": (["status", "mnist", "--rate-window", "0s"], "--rate-window '0s'"),
@@ -309,3 +314,34 @@ def test_a_malformed_answer_is_one_line_exit_2(ddp, cluster: FakeCluster, path: 
     assert f"unexpected answer from the API server {cluster.url}" in line
     for needle in needles:
         assert needle in line, line
+
+
+EXEC_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:9"}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+users:
+- name: u
+  user:
+    exec: {apiVersion: client.authentication.k8s.io/v1beta1, command: %s%s}
+"""
+
+
+@pytest.mark.parametrize(("command", "hint", "named"), [
+    ("ddp-no-such-plugin", "", "exec plugin 'ddp-no-such-plugin', which is not found on PATH "
+                               "(fix: install it, or fix users[].user.exec.command there)"),
+    ("./bin/ddp-no-such-plugin", ", installHint: 'pip install the-plugin'",
+     "exec plugin './bin/ddp-no-such-plugin', which is not found (fix: pip install the-plugin; "
+     "or fix users[].user.exec.command there)"),
+], ids=["on-path", "relative-with-hint"])
+def test_a_missing_exec_credential_plugin_is_named_not_the_api_server(
+        command: str, hint: str, named: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(EXEC_KUBECONFIG % (command, hint))
+    assert kubectl_main(["list", "--kubeconfig", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # no line of the client's before ours
+    line = one_line_error(err)
+    assert f"kubeconfig {path}: user 'u' gets its credentials from the {named}" in line, line

@@ -220,3 +220,29 @@ def test_a_disk_full_when_the_summary_is_due_is_one_line_and_keeps_what_was_writ
     assert files["summary.json"] == '{"earlier": true}\n'
     assert [json.loads(line)["step"] for line in files["steps.jsonl"].splitlines()] == [1, 2, 3]
     assert _names(ckpt) == ["ckpt-000000003.pt"]  # the final checkpoint, on the other disk
+
+
+def test_a_disk_full_at_the_first_steps_line_is_one_line_and_keeps_the_run_before(
+        tmp_path: Path) -> None:
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    # An 8 KiB tmpfs, full with the earlier run's steps.jsonl: moving it aside takes no space,
+    # the new file's first line finds none.
+    earlier = '{"step": 99, "epoch": 9, "loss": 1.0}\n' * 215 + "\n" * 22
+    assert len(earlier) == 8192
+    driver = FULL_DISK_DRIVER.replace(
+        """(out / "summary.json").write_text('{"earlier": true}\\n')\n""", "").replace(
+        """'{"step": 99, "epoch": 9, "loss": 1.0}\\n'""", repr(earlier))
+    assert "summary" not in driver and "* 215" not in driver
+    argv = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+            'mount -t tmpfs -o size=8k ddp-full "$1" && shift && exec "$@"', "sh", str(out),
+            sys.executable, "-c", driver, str(out), *TINY, "--epochs", "1",
+            "--checkpoint-dir", str(ckpt), "--output-dir", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert_one_error_line(subprocess.CompletedProcess(argv, result["code"], "", result["stderr"]),
+                          2, ("steps.jsonl", "No space left on device", "df -h"), warnings=1)
+    assert '{"step": 1, "epoch": 0, "loss": ' in result["stderr"]  # in the WARNING line
+    assert result["files"] == {"steps.1.jsonl": earlier, "steps.jsonl": ""}

@@ -42,6 +42,20 @@ def _one_class_folder(tmp: Path) -> None:
     images(tmp / "pics", classes=("cat",), per_class=6)
 
 
+def _npz(name: str, y_dtype: str = "int64", features: int = 3, label: int = 1) -> object:
+    def setup(tmp: Path) -> None:
+        import numpy as np
+
+        y = (np.arange(20) % 2).astype(y_dtype)
+        y[3] = label
+        np.savez(tmp / name, x=np.ones((20, features), dtype=np.float32), y=y)
+    return setup
+
+
+DEEP = "[" * 3000 + "]" * 3000
+"""A list nested 3000 levels deep: PyYAML's loader recursed into a RecursionError."""
+
+
 def _foreign_payload(tmp: Path) -> None:
     checkpoint.save(tmp, 7, {"weights": torch.zeros(2)}, keep=1)  # our header, not our state
 
@@ -114,6 +128,17 @@ CASES = [
     Case("evaluate-checkpoint-symlink-loop", ("evaluate", "--checkpoint", "{tmp}/loop-a",
                                               "--output-dir", "{tmp}/out"), 2,
          ("checkpoint", "loop-a", "symlink loop"), _loop),
+    Case("config-nested-3000-deep", ("train", "--config", "{tmp}/c.yaml", *QUICK), 2,
+         ("config file", "c.yaml", "nests lists or mappings more than 100 levels deep"),
+         _file("c.yaml", f"model:\n  options:\n    a: {DEEP}\n".encode())),
+    Case("set-nested-3000-deep", ("train", "--set", f"model.options={{a: {DEEP}}}", *QUICK), 2,
+         ("--set 'model.options' nests lists or mappings more than 100 levels deep",)),
+    Case("config-key-with-a-trailing-space", ("train", "--config", "{tmp}/c.yaml", *QUICK), 2,
+         ("unknown key train.'epochs '",), _file("c.yaml", b"train:\n  'epochs ': 1\n")),
+    Case("every-seconds-inf", ("train", "--set", "checkpoint.every_seconds=.inf", *QUICK), 2,
+         ("checkpoint.every_seconds: inf is not a finite number >= 0",)),
+    Case("run-every-seconds-inf", ("run", "--set", "checkpoint.every_seconds=.inf", *QUICK), 2,
+         ("checkpoint.every_seconds: inf is not a finite number >= 0",)),
     # a --set value is validated even when a flag sets the same key
     Case("set-list-under-flag", ("train", "--epochs", "1", "--set", "train.epochs=[1,2]",
                                  *QUICK), 2, ("train.epochs", "expected int")),
@@ -136,6 +161,14 @@ CASES = [
     Case("run-one-class-image-folder", ("run", "--nproc-per-node", "2", *QUICK[:1], "{tmp}/pics",
                                         *QUICK[2:]), 2, ("only one class folder",),
          _one_class_folder),
+    Case("label-2-63-minus-1", ("train", *QUICK[:1], "{tmp}/d.npz", *QUICK[2:]), 2,
+         ("d.npz", "label 9223372036854775807 is too large to be a class index"),
+         _npz("d.npz", label=2**63 - 1)),
+    Case("label-uint64-max", ("train", *QUICK[:1], "{tmp}/d.npz", *QUICK[2:]), 2,
+         ("d.npz", "label 18446744073709551615 is too large to be a class index"),
+         _npz("d.npz", "uint64", label=2**64 - 1)),
+    Case("npz-with-0-features", ("train", *QUICK[:1], "{tmp}/d.npz", *QUICK[2:]), 2,
+         ("d.npz", "each sample has 0 features (shape (0,))"), _npz("d.npz", features=0)),
     # `run SCRIPT` with a file that is not a Python script, or does not compile: checked
     # before any rank starts (a syntax error is the user's code: exit 5)
     Case("run-script-syntax-error", ("run", "--nproc-per-node", "2", "--metrics-port", "0",
@@ -215,3 +248,22 @@ def test_a_flag_and_set_disagreeing_is_one_warning_and_the_flag_wins(tmp_path: P
     assert len(warnings) == 1, proc.stderr
     assert "--epochs 1" in warnings[0] and "train.epochs=3" in warnings[0], warnings[0]
     assert '"epochs": 1' in (tmp_path / "summary.json").read_text()
+
+
+def test_a_megabyte_long_value_is_cut_in_the_error_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model:\n  name: " + "x" * 1_000_000 + "\n")
+    proc = run_cli("train", "--config", str(cfg), *(a.replace("{tmp}", str(tmp_path))
+                                                   for a in QUICK))
+    line = assert_one_error_line(proc, 2, ("model.name", "unknown model 'xxxx",
+                                           "(1000002 characters)"))
+    assert len(line) < 400, len(line)
+
+
+def test_every_error_line_is_cut_to_a_readable_length() -> None:
+    from trainer.errors import ConfigError
+
+    err = ConfigError("model.name: no module " + "x" * 5_000_000 + " found", "f" * 3000)
+    assert len(err.problem) <= 1100 and err.problem.startswith("model.name: no module xxx")
+    assert "(5000028 characters, cut)" in err.problem and err.problem.endswith("xxx found")
+    assert len(err.fix) <= 1100 and "(3000 characters, cut)" in err.fix

@@ -163,19 +163,27 @@ def rotate(directory: Path, keep: int, written: Path | None = None) -> None:
     """Keep the newest `keep` valid checkpoints by step: invalid ones are moved aside into
     ``corrupt/`` (not counted), older valid ones deleted; `written` (just saved) always stays."""
     kept = 0
-    for path in list_checkpoints(directory):
-        if path == written:
-            kept += 1
-            continue
-        if kept >= keep:
-            path.unlink(missing_ok=True)
-            _verified.pop(str(path), None)
-            continue
-        problem = problem_of(path)
-        if problem is None:
-            kept += 1
-        else:
-            quarantine(path, problem)
+    try:
+        for path in list_checkpoints(directory):
+            if path == written:
+                kept += 1
+                continue
+            if kept >= keep:
+                path.unlink(missing_ok=True)
+                _verified.pop(str(path), None)
+                continue
+            problem = problem_of(path)
+            if problem is None:
+                kept += 1
+            else:
+                quarantine(path, problem)
+    except OSError as exc:  # the directory became read-only (or unreadable) since the save
+        saved = f"{written.name} was saved, but " if written is not None else ""
+        raise CheckpointError(
+            f"checkpoint dir {directory}: {saved}rotation could not delete "
+            f"{exc.filename or 'an older checkpoint'} ({exc.strerror}); every checkpoint there "
+            "is kept", "make --checkpoint-dir writable again; a rerun resumes from the newest "
+            "checkpoint") from None
 
 
 def snapshot(state: Any) -> Any:

@@ -4,6 +4,8 @@ Every rank runs the same number of batches (the eval sampler pads short shards),
 waits forever in the final all_reduce; padded items are masked out of the counts, so no sample
 is counted twice. Global accuracy = sum(correct) / sum(total) over ranks: exact integers, hence
 bit-identical for any world size. The step is the training step, so this holds for any model.
+The loss is not: the step returns one mean loss per batch, and which samples share a batch depends
+on the world size, so the count-weighted mean agrees across world sizes to float32 rounding only.
 """
 
 from __future__ import annotations

@@ -36,11 +36,25 @@ def unreadable(path: Path, exc: Exception, what: str, fix: str) -> DataError:
     return DataError(f"{path} is not a readable {what} ({exc})", fix)
 
 
+MAX_LABEL = 2**31 - 2
+"""Largest class index taken: a label above it is an ID, not a class (2**63 - 1 overflowed the
+model's weights; a uint64 2**64 - 1 wrapped to -1 in torch's int64)."""
+
+
+def check_label_max(hi: int, where: str) -> None:
+    """`hi`, the largest label (as read, before any cast to int64), is a class index."""
+    if hi > MAX_LABEL:
+        raise DataError(f"{where}: label {hi} is too large to be a class index (at most "
+                        f"{MAX_LABEL})", "labels must be class indices 0..C-1: map them there, "
+                        "e.g. numpy.unique(labels, return_inverse=True)[1]")
+
+
 def label_classes(lo: int, hi: int, n: int, num_classes: int, where: str) -> int:
     """The number of classes (`num_classes`, or max label + 1 when 0) after checking that
     labels ``lo..hi`` of `n` samples are class indices."""
     if n < 2:
         raise DataError(f"{where}: needs at least 2 samples, has {n}", "add samples")
+    check_label_max(hi, where)
     classes = num_classes or hi + 1
     if lo < 0 or hi >= classes:
         raise DataError(f"{where}: label {lo if lo < 0 else hi} is out of range [0, {classes})",

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from trainer.data.checks import label_classes, unreadable
+from trainer.data.checks import check_label_max, label_classes, unreadable
 from trainer.errors import DataError
 
 
@@ -96,6 +96,8 @@ def _npz(path: Path) -> tuple[Tensor, Tensor]:
     if y_np.ndim != 1 or not np.issubdtype(y_np.dtype, np.integer):
         raise DataError(f"{path}: y must be a 1-D integer array, got {y_np.dtype}{y_np.shape}",
                         "store y as int64 class indices of shape (N,)")
+    if y_np.size:  # before the cast: a uint64 label above 2**63 would wrap to a negative one
+        check_label_max(int(y_np.max()), f"dataset {path}")
     return torch.as_tensor(x_np, dtype=torch.float32), torch.as_tensor(y_np, dtype=torch.long)
 
 

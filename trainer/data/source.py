@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,6 +121,10 @@ def build_splits(cfg: DataConfig, seed: int, dataset: Any = None) -> DataSplits:
     num_classes = cfg.num_classes or (int(declared) if declared else None)
     shape = getattr(base, "sample_shape", None)
     sample_shape = tuple(shape) if shape is not None else first_sample_shape(base)
+    if sample_shape is not None and math.prod(sample_shape) == 0:
+        raise DataError(f"{where}: each sample has 0 features (shape {sample_shape}): a model "
+                        "would see no input", "give every sample at least one feature (x of "
+                        "shape N x F with F >= 1)")
     names = getattr(base, "class_names", None) or getattr(base, "classes", None)
     class_names = tuple(str(n) for n in names) if isinstance(names, (list, tuple)) else None
     if class_names is not None and num_classes is None:

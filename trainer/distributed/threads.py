@@ -16,18 +16,23 @@ that is set wins:
 
 divided by the ranks in the pod (``LOCAL_WORLD_SIZE``, which torchrun and ``ddp-trainer run``
 set; 1 without a launcher), rounded down, at least 1.
+
+Whatever the source, a rank runs at most as many threads as the cores it may use (its affinity,
+and the cgroup's quota rounded up): ``OMP_NUM_THREADS=1000`` on 2 cores ran 1000 threads, and
+under a pod's process limit torch crashed (SIGSEGV) starting them. ``OMP_NUM_THREADS`` is
+checked before torch's import: libgomp reads it then, and warns about a bad value on its own.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from trainer.config import MAX_CPU_THREADS
 from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -51,25 +56,54 @@ class Threads:
 
 
 def decide(configured: int, ranks: int, env: Mapping[str, str] | None = None,
-           cgroup_root: Path = CGROUP_ROOT) -> Threads:
-    """Threads for each of `ranks` ranks in this pod (see the module's docstring)."""
+           cgroup_root: Path = CGROUP_ROOT, cores: int | None = None) -> Threads:
+    """Threads for each of `ranks` ranks in this pod (see the module's docstring), at most
+    `cores` (default: :func:`usable_cores`)."""
     env = os.environ if env is None else env
+    cap = usable_cores(cgroup_root) if cores is None else cores
     if configured > 0:
-        return Threads(configured, f"train.cpu_threads={configured}")
-    omp = env.get("OMP_NUM_THREADS", "")
-    if omp and not env.get(LAUNCHER_ENV):
-        try:
-            count = int(omp)
-        except ValueError:
-            count = 0
-        if count < 1:
-            raise ConfigError(f"OMP_NUM_THREADS={omp!r} is not a positive integer",
-                              "unset OMP_NUM_THREADS or set it to 1 or more")
-        return Threads(count, f"OMP_NUM_THREADS={count}")
+        return _capped(configured, f"train.cpu_threads={configured}", cap)
+    omp = users_omp(env)
+    if omp is not None:
+        return _capped(omp, f"OMP_NUM_THREADS={omp}", cap)
     cpus, source = pod_cpus(env, cgroup_root)
     ranks = max(1, ranks)
     count = max(1, int(cpus // ranks))
-    return Threads(count, f"{source} {cpus:g} / {ranks} rank{'s' if ranks > 1 else ''}")
+    return _capped(count, f"{source} {cpus:g} / {ranks} rank{'s' if ranks > 1 else ''}", cap)
+
+
+def _capped(count: int, reason: str, cores: int) -> Threads:
+    if count <= cores:
+        return Threads(count, reason)
+    return Threads(cores, f"{reason}, capped at the {cores} usable core{'s' if cores > 1 else ''}")
+
+
+def users_omp(env: Mapping[str, str] | None = None) -> int | None:
+    """The threads the user's ``OMP_NUM_THREADS`` asks for (libgomp's reading: the first of a
+    comma-separated list, one per nesting level), None when unset or the launcher's; a value
+    libgomp would refuse, or one above :data:`~trainer.config.MAX_CPU_THREADS`, is a
+    ConfigError. Call it before torch's import to answer before libgomp's own warning."""
+    env = os.environ if env is None else env
+    raw = env.get("OMP_NUM_THREADS", "")
+    if not raw or env.get(LAUNCHER_ENV):
+        return None
+    try:
+        count = int(raw.split(",")[0])
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_CPU_THREADS:
+        shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
+        raise ConfigError(f"OMP_NUM_THREADS={shown!r} is not a thread count in [1, "
+                          f"{MAX_CPU_THREADS}]", "unset OMP_NUM_THREADS or set it to 1 or more, "
+                          "at most the cores here")
+    return count
+
+
+def usable_cores(cgroup_root: Path = CGROUP_ROOT) -> int:
+    """Cores this process may run on: its affinity, at most the cgroup's quota rounded up."""
+    cores = len(os.sched_getaffinity(0))
+    quota = cgroup_quota(cgroup_root)
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
 
 
 def pod_cpus(env: Mapping[str, str], cgroup_root: Path = CGROUP_ROOT) -> tuple[float, str]:
@@ -119,6 +153,8 @@ def ranks_per_pod(env: Mapping[str, str] | None = None) -> int:
 def apply(configured: int, announce: bool) -> Threads:
     """Decide this rank's threads and set them, before its first torch op; rank 0 logs them
     once (`announce`)."""
+    import torch  # here: the module is read before torch's import (users_omp)
+
     threads = decide(configured, ranks_per_pod())
     torch.set_num_threads(threads.count)
     if announce:
@@ -131,7 +167,10 @@ def for_launcher(nproc: int) -> None:
     CPU unless the user set it (torchrun's own default is 1 thread and a warning). A rank that
     runs ddp-trainer decides again (:func:`apply`: the config may override it); a user script
     that does not still gets its share."""
-    if os.environ.get("OMP_NUM_THREADS") and not os.environ.get(LAUNCHER_ENV):
+    omp = users_omp()
+    if omp is not None:  # the user's, at most the cores here (a script's torch reads it)
+        if (capped := decide(0, 1).count) != omp:
+            os.environ["OMP_NUM_THREADS"] = str(capped)
         return
     os.environ["OMP_NUM_THREADS"] = str(decide(0, nproc).count)
     os.environ[LAUNCHER_ENV] = "1"

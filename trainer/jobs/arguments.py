@@ -63,16 +63,28 @@ def check_namespace(namespace: str, source: str) -> None:
 
 
 def check_url(url: str) -> None:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadArgument(f"--prometheus {url!r} is not an http(s) URL",
+    why = "is not an http(s) URL"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535"
+        ok, why = False, f"is not a valid URL ({exc})"
+    if not ok:
+        raise BadArgument(f"--prometheus {shown(url)} {why}",
                           "pass its base URL, e.g. --prometheus http://127.0.0.1:9090")
 
 
+MAX_SECONDS = 365 * 24 * 3600.0
+"""Longest duration flag taken (a year): Python's and the HTTP client's timers overflow far
+above it (1e300 was reported as the API server's failure)."""
+
+
 def check_seconds(flag: str, value: float) -> None:
-    """A duration flag of the job commands: finite and > 0."""
-    if not (math.isfinite(value) and value > 0):
-        raise BadArgument(f"{flag} {value:g} is not a number of seconds > 0",
+    """A duration flag of the job commands: finite, > 0 and at most :data:`MAX_SECONDS`."""
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise BadArgument(f"{flag} {value:g} is not a number of seconds > 0 and at most "
+                          f"{MAX_SECONDS:.0f} (a year)",
                           f"pass {flag} a positive number, e.g. {flag} 30")
 
 

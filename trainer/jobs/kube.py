@@ -39,7 +39,7 @@ from trainer.jobs.errors import (
     KubeconfigError,
 )
 from trainer.jobs.kinds import KINDS, Kind
-from trainer.jobs.kubeconfig import absent, check_kubeconfig, reason
+from trainer.jobs.kubeconfig import absent, check_exec_plugin, check_kubeconfig, reason
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -290,6 +290,10 @@ def connect(target: Target) -> Cluster:
                 f"context {target.context!r} is not in kubeconfig {joined}",
                 f"use one of: {', '.join(names) or '(none)'}",
             )
+        context = target.context or (active or {}).get("name", "")
+        chosen = next((c for c in contexts if c["name"] == context), None)
+        check_exec_plugin([p for p in paths if p.is_file()],
+                          str(((chosen or {}).get("context") or {}).get("user", "")))
         try:
             config.load_kube_config(  # type: ignore[no-untyped-call, unused-ignore]
                 config_file=joined,
@@ -302,8 +306,6 @@ def connect(target: Target) -> Cluster:
                 f"kubeconfig {joined} is not usable: {reason(exc)}",
                 "fix the file, or pick another context with --context",
             ) from None
-        context = target.context or (active or {}).get("name", "")
-        chosen = next((c for c in contexts if c["name"] == context), None)
         context_ns = ((chosen or {}).get("context") or {}).get("namespace")
         namespace = target.namespace or context_ns or "default"
 

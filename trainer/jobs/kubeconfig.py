@@ -4,6 +4,9 @@ what is wrong in it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 from pathlib import Path
 
 import yaml
@@ -55,3 +58,33 @@ def reason(exc: BaseException) -> str:
     """A ConfigException's text; another exception's type too (a bare KeyError is a key)."""
     text = first_line(exc, 200, empty="(no message)")
     return text if type(exc).__name__ == "ConfigException" else f"{type(exc).__name__}: {text}"
+
+
+def check_exec_plugin(paths: list[Path], user: str) -> None:
+    """Raise KubeconfigError naming the exec credential plugin of `user` (the first entry of
+    that name in `paths`, as kubectl merges them) when its command is not found: the client
+    only logs the OSError and goes on without credentials, so the error that followed blamed
+    the API server."""
+    for path in paths:
+        with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+            entry = next((e for e in (loaded or {}).get("users") or []
+                          if isinstance(e, dict) and e.get("name") == user), None)
+            if entry is None:
+                continue
+            plugin = (entry.get("user") or {}).get("exec") or {}
+            command = plugin.get("command") if isinstance(plugin, dict) else None
+            if not isinstance(command, str) or not command:
+                return
+            # kubectl runs a command with a path separator relative to the kubeconfig's folder
+            found = (os.access(path.parent / command, os.X_OK) if os.sep in command
+                     else shutil.which(command) is not None)
+            if found:
+                return
+            hint = plugin.get("installHint")
+            raise KubeconfigError(
+                f"kubeconfig {path}: user {user!r} gets its credentials from the exec plugin "
+                f"{command!r}, which is not found{'' if os.sep in command else ' on PATH'}",
+                (f"{first_line(hint, 200)}; or " if isinstance(hint, str) and hint.strip()
+                 else "install it, or ") + "fix users[].user.exec.command there")
+        return

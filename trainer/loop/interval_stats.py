@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -11,6 +14,9 @@ from typing import Any, TextIO
 import torch
 
 from trainer.components.steps import Tally, counts_vector
+from trainer.errors import OutputError
+
+log = logging.getLogger(__name__)
 
 
 class ForwardClock:
@@ -116,16 +122,26 @@ class StepLog:
     def append(self, last_step: int, epochs: list[int], losses: list[float]) -> None:
         """The losses of the steps up to `last_step` and the epoch of each: finite floats,
         whose repr is their JSON (~4x faster than json.dumps per line)."""
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self.fresh:
-                self._move_previous_aside()
-            self._file = self.path.open("w" if self.fresh else "a", encoding="utf-8")
         first = last_step - len(losses) + 1
-        self._file.write("".join(
-            f'{{"step": {first + i}, "epoch": {epoch}, "loss": {value!r}}}\n'
-            for i, (epoch, value) in enumerate(zip(epochs, losses, strict=True))))
-        self._file.flush()  # in the kernel's hands at once: a crash loses no line
+        text = "".join(f'{{"step": {first + i}, "epoch": {epoch}, "loss": {value!r}}}\n'
+                       for i, (epoch, value) in enumerate(zip(epochs, losses, strict=True)))
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                if self.fresh:
+                    self._move_previous_aside()
+                self._file = self.path.open("w" if self.fresh else "a", encoding="utf-8")
+            self._file.write(text)
+            self._file.flush()  # in the kernel's hands at once: a crash loses no line
+        except OSError as exc:  # a full disk, a file that may not be moved or written
+            self._abandon()
+            log.warning("%s not written; its lines: %s", self.path.name, text.replace("\n", " "))
+            where = self.path.parent
+            raise OutputError(f"output.dir: {self.path.name} could not be written in {where} "
+                              f"({exc.strerror}); what the run wrote before is kept",
+                              f"free space there (df -h {where}), make it writable, or pass "
+                              "another --output-dir; the lines are in the WARNING line above"
+                              ) from None
 
     def _move_previous_aside(self) -> None:
         """``steps.jsonl`` -> ``steps.N.jsonl``: a fresh run, failed or not, never destroys the
@@ -136,9 +152,16 @@ class StepLog:
                 return
         except FileNotFoundError:
             return
-        taken = [int(n) for p in self.path.parent.glob(f"{stem}.*{suffix}")
-                 if (n := p.name[len(stem) + 1:len(p.name) - len(suffix)]).isdigit()]
+        numbered = re.compile(rf"{re.escape(stem)}\.([0-9]+){re.escape(suffix)}")  # not `²`
+        taken = [int(m[1]) for p in self.path.parent.iterdir() if (m := numbered.fullmatch(p.name))]
         os.replace(self.path, self.path.with_name(f"{stem}.{max(taken, default=0) + 1}{suffix}"))
+
+    def _abandon(self) -> None:
+        """Close the file without the lines a failed write left in its buffer."""
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()  # its flush fails again, and the file is closed anyway
+            self._file = None
 
     def close(self) -> None:
         if self._file is not None:
