@@ -116,7 +116,7 @@ def test_a_throttled_rank_fires_the_straggler_alert_for_that_rank_only(
         quota = cpu_quota_file(release, release.pod("worker"))
         quota.write_text("20000\n")  # of the 100 ms CFS period
         alert = wait_for_alert(release, "DDPTrainerStragglerRank", timeout=180)
-        assert alert["labels"]["rank"] == "1", alert
+        assert alert["labels"]["rank"] == "1" and alert["labels"]["phase"] == "compute", alert
         assert [a["labels"]["rank"] for a in job_alerts(release, "DDPTrainerStragglerRank")] \
             == ["1"]
         selector = f'namespace="{release.namespace}",pytorchjob="{release.job}"'
