@@ -132,17 +132,48 @@ def test_a_hang_at_the_same_place_again_is_not_restarted_for_ever(tmp_path: Path
     assert len(places) >= 2 and len(set(places)) < len(places), places
 
 
+def test_a_checkpoint_write_that_blocks_names_rank_0_saving_and_the_writers_line(
+        tmp_path: Path) -> None:
+    """A FIFO where rank 0's writer will find the file of step 600 (a blocking open, as on a
+    hung network volume): the writer thread blocks reading it, the next save waits for it."""
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "run", "--nproc-per-node", "2", "--dataset", "digits",
+         "--epochs", "60", "--output-dir", str(tmp_path / "out"), "--metrics-port", "0",
+         "--checkpoint-dir", str(ckpt), "--set", "checkpoint.every=200",
+         "--set", "checkpoint.every_seconds=0", "--set", "metrics.linger_seconds=0",
+         "--set", "dist.timeout_seconds=120", "--set", f"dist.hang_seconds={HANG}"],
+        cwd=tmp_path, env=_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (ckpt / "ckpt-000000200.pt").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "no first checkpoint"
+            time.sleep(0.05)
+        os.mkfifo(ckpt / "ckpt-000000600.pt")
+        _, err = proc.communicate(timeout=float(HANG) + 180)
+    finally:
+        proc.kill()
+    line = VERDICT.findall(err)
+    assert proc.returncode == 142 and line, err[-3000:]
+    assert line[0].startswith("error: hang: rank 0 (pod ") and "saving a checkpoint" in line[0] \
+        and "checkpoint.py:" in line[0] and "check the checkpoint storage" in line[0], line[0]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{FIXTURES}"
+    return env
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the rank's children are read from /proc")
 def test_a_frozen_rank_is_named_as_silent(tmp_path: Path) -> None:
     """SIGSTOP freezes rank 1 whole (its watchdog too): rank 0 names it as silent."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{FIXTURES}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer", "run", "--nproc-per-node", "2", "--dataset", "digits",
          "--epochs", "200", "--output-dir", str(tmp_path / "out"), "--metrics-port", "0",
          "--set", "metrics.linger_seconds=0", "--set", "dist.timeout_seconds=120",
          "--set", f"dist.hang_seconds={HANG}"],
-        cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+        cwd=tmp_path, env=_env(), stderr=subprocess.PIPE, text=True)
     try:
         rank1 = _wait_for_rank(proc.pid, 1, tmp_path)
         os.kill(rank1, signal.SIGSTOP)
