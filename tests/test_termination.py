@@ -182,3 +182,34 @@ def test_sigterm_to_the_trainer_as_pid_1_while_it_starts_ends_it_at_once_with_14
     assert proc.returncode == Preempted.exit_code, err
     # stopped before training began: training's own handler would have checkpointed first
     assert not ckpt.exists() and "Traceback" not in err, err
+
+
+FINALIZER_SIGTERM = """
+import os, signal, weakref
+from trainer.distributed.preemption import stopped_while_starting
+
+class Part:
+    pass
+
+def finalize(ref):
+    # the signal lands while Python runs this callback, as during an import's garbage collection
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100000):
+        pass
+
+with stopped_while_starting():
+    part = Part()
+    ref = weakref.ref(part, finalize)
+    del part
+    print("went on after SIGTERM", flush=True)
+"""
+
+
+def test_sigterm_while_starting_inside_a_finalizer_still_ends_the_process_with_143() -> None:
+    # Raised in the handler, SystemExit inside a weakref callback was printed as "Exception
+    # ignored" and dropped: the run went on training.
+    proc = subprocess.run([sys.executable, "-c", FINALIZER_SIGTERM], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == Preempted.exit_code, (proc.stdout, proc.stderr)
+    assert "went on" not in proc.stdout and "Exception ignored" not in proc.stderr, proc.stderr
