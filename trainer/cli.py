@@ -27,6 +27,7 @@ from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
 from trainer.distributed.preemption import stopped_while_starting
 from trainer.errors import RankLost, TrainerError, missing
+from trainer.ranks.parent import die_with_launcher
 
 # flag -> (section, key): a shortcut for one config field; its type and help are the field's.
 CONFIG_FLAGS: dict[str, tuple[str, str]] = {
@@ -376,6 +377,7 @@ def _exit_now(code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_launcher()  # first: a launcher killed from now on takes this rank with it
     with stopped_while_starting():
         return _main(argv)
 

@@ -32,6 +32,7 @@ from trainer.errors import (
     UserCodeError,
     first_line,
 )
+from trainer.ranks import parent
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,7 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
     # One termination message for the container, the launcher's: its ranks record their
     # lines for it in their error files instead of racing for the file.
     message, os.environ[termination.ENV] = termination.target(), ""
+    os.environ[parent.ENV] = str(os.getpid())  # the ranks die with this process
     # SIGTERM (pod eviction) goes to the agent; it forwards it to the ranks, which checkpoint
     # and exit (docs/checkpoints.md).
     try:
