@@ -73,7 +73,8 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_exit(tmp_path: Path) -> Non
                             error_file=str(tmp_path / "none.json"))
     err = ChildFailedError("trainer", {1: killed})
     line = cause_line(err)
-    assert line.startswith("error: rank 1 was killed by SIGKILL (exit 137)"), line
+    assert line.startswith("error: rank 1 was killed by SIGKILL; the run lost it (exit 4)"), line
+    assert exit_code_of(err) == 4  # a lost rank, as docs/checkpoints.md says
     assert "(fix: " in line
 
 
@@ -213,3 +214,42 @@ def test_sigterm_while_starting_inside_a_finalizer_still_ends_the_process_with_1
                           text=True, timeout=120, check=False)
     assert proc.returncode == Preempted.exit_code, (proc.stdout, proc.stderr)
     assert "went on" not in proc.stdout and "Exception ignored" not in proc.stderr, proc.stderr
+
+
+def _run_killing_a_rank(tmp_path: Path, training: bool) -> subprocess.CompletedProcess[str]:
+    """`run` of 2 ranks whose rank 1 gets SIGKILL (the OOM killer's signal), as soon as it is
+    started, or once the run trains (wrote a checkpoint)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "TORCHELASTIC_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "run", "--nproc-per-node", "2", "--dataset",
+         "synthetic", "--epochs", "100000", "--metrics-port", "0", "--checkpoint-dir", str(ckpt),
+         "--checkpoint-every", "1", "--output-dir", str(tmp_path / "out")],
+        cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        deadline = time.monotonic() + 120
+        victim = 0
+        while not victim:
+            assert time.monotonic() < deadline and proc.poll() is None, "no rank started"
+            for pid in children.read_text().split():
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if b"LOCAL_RANK=1" in environ and (not training or any(ckpt.glob("ckpt-*"))):
+                    victim = int(pid)
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "starting"])
+def test_a_rank_killed_under_run_is_a_lost_rank_named_in_one_line(
+        tmp_path: Path, training: bool) -> None:
+    proc = _run_killing_a_rank(tmp_path, training)
+    assert proc.returncode == 4, proc.stderr
+    (line,) = [line for line in error_lines(proc.stderr) if line.startswith("error: ")]
+    assert line.startswith("error: rank 1 was killed by SIGKILL") and "(fix: " in line, line
+    assert "Traceback" not in proc.stderr, proc.stderr

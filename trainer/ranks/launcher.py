@@ -132,10 +132,17 @@ def _launcher_argv(nproc: int, max_restarts: int, timeout_seconds: float) -> lis
 def exit_code_of(err: ChildFailedError) -> int:
     """The exit code of the cause: a rank whose user code raised (the others only saw it
     vanish), else the rank that failed first (the others' failures follow from it); a rank
-    killed by signal N maps to 128 + N, as a shell reports it."""
+    stopped by SIGTERM or SIGINT maps to 128 + N, as a shell reports it, one killed by any
+    other signal (SIGKILL: the OOM killer, kill -9) to a lost rank's 4."""
     _, failure = cause(err)
     code = failure.exitcode
+    if code < 0 and -code not in _STOPPED:  # killed (OOM, kill -9): the run lost a rank
+        return RankLost.exit_code
     return 128 - code if code < 0 else code
+
+
+_STOPPED = frozenset({int(signal.SIGTERM), int(signal.SIGINT)})
+"""Signals that stop a rank as asked (a preemption, Ctrl-C): 128 + N, as a shell reports it."""
 
 
 _FOLLOWS = frozenset({RankLost.exit_code, Preempted.exit_code, -int(signal.SIGTERM)})
@@ -220,6 +227,8 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
         report_user_code(err)
+        if termination.line_of(cause(err)[1].error_file_data) is None:
+            print(cause_line(err), file=sys.stderr)  # killed: the rank could say nothing
         termination.write(cause_line(err), message)
         return exit_code_of(err)
     except SignalException as err:  # SIGTERM/SIGINT to the agent: it stopped the ranks
@@ -254,6 +263,7 @@ def cause_line(err: ChildFailedError) -> str:
     code = exit_code_of(err)
     how = (f"was killed by {failure.signal_name()}"
            if failure.exitcode < 0 else f"exited with {code} without an error line")
-    return (f"error: rank {rank} {how} (exit {code}) (fix: its log shows its last words; "
+    lost = "; the run lost it" if code == RankLost.exit_code else ""
+    return (f"error: rank {rank} {how}{lost} (exit {code}) (fix: its log shows its last words; "
             "a SIGKILL is often the out-of-memory killer: raise the memory limit or lower "
             "train.batch_size)")
