@@ -44,6 +44,10 @@ DDP on a laptop (3 ranks on 2 cores run in the tests); beyond that each rank get
 core and costs ~250 MB of memory for nothing (a million asked for ran the machine out of
 memory after 35 ranks, 8 GB)."""
 
+MAX_LOCAL_RANKS = 1024
+"""Most local ranks, even with ``--oversubscribe``: above a 256-core machine's 4 per core; a
+million asked for built a million rank environments before failing."""
+
 STOP_GRACE_SECONDS = 10.0
 """How long ranks left behind by a failed launcher get to leave on SIGTERM before SIGKILL."""
 
@@ -51,11 +55,16 @@ STOP_GRACE_SECONDS = 10.0
 def check_nproc(nproc: int, oversubscribe: bool, device: str) -> None:
     """Refuse a number of local ranks this machine cannot run on `device` (train.device): more
     than one per GPU (NCCL refuses two ranks on one GPU) or more than RANKS_PER_CORE per usable
-    core, unless `oversubscribe`."""
+    core, unless `oversubscribe`; more than MAX_LOCAL_RANKS in any case."""
     import torch
 
     if nproc < 1:
         raise TrainerError(f"--nproc-per-node {nproc} < 1", "use 1 or more")
+    if nproc > MAX_LOCAL_RANKS:
+        raise TrainerError(f"--nproc-per-node {nproc} is more than {MAX_LOCAL_RANKS}, the most "
+                           "ranks one machine runs (--oversubscribe does not lift it)",
+                           f"use --nproc-per-node {MAX_LOCAL_RANKS} or fewer; more ranks run on "
+                           "more nodes")
     if oversubscribe:
         return
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
