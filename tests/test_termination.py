@@ -18,6 +18,7 @@ from tests.conftest import REPO, run_cli
 from trainer import termination
 from trainer.errors import Preempted, exit_class
 from trainer.ranks.launcher import cause_line, exit_code_of
+from trainer.ranks.rank_lines import print_deferred
 
 
 def kubelet_file(tmp_path: Path) -> Path:
@@ -253,3 +254,38 @@ def test_a_rank_killed_under_run_is_a_lost_rank_named_in_one_line(
     (line,) = [line for line in error_lines(proc.stderr) if line.startswith("error: ")]
     assert line.startswith("error: rank 1 was killed by SIGKILL") and "(fix: " in line, line
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def _deferred(tmp_path: Path, rank: int, line: str,
+              monkeypatch: pytest.MonkeyPatch) -> ProcessFailure:
+    """Rank `rank` failed with a bad-input `line` it left for the launcher to print."""
+    path = tmp_path / f"deferred-{rank}.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.setenv(termination.DEFERRED_ENV, "1")
+    monkeypatch.setenv(termination.ENV, "")
+    termination.report(line, deferrable=True)
+    return ProcessFailure(local_rank=rank, pid=4000 + rank, exitcode=2, error_file=str(path))
+
+
+def test_a_line_every_rank_agrees_on_is_printed_once_a_rank_of_its_own_keeps_its_prefix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bad = "error: data.npz is not a readable .npz file (fix: re-create it)"
+    failures = {rank: _deferred(tmp_path, rank, f"[rank {rank}] {bad}", monkeypatch)
+                for rank in range(3)}
+    failures[3] = _deferred(tmp_path, 3, "[rank 3] error: port 9313 is in use (fix: x)",
+                            monkeypatch)
+    assert capsys.readouterr().err == ""  # the ranks printed nothing
+    print_deferred(ChildFailedError("trainer", failures))
+    assert capsys.readouterr().err.splitlines() == [
+        bad, "[rank 3] error: port 9313 is in use (fix: x)"]
+
+
+def test_a_bad_input_line_under_run_is_printed_once_not_once_per_rank(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an npz at all")
+    proc = run_cli("run", "--nproc-per-node", "3", "--dataset", str(bad), "--metrics-port", "0",
+                   "--output-dir", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert "bad.npz is not a readable .npz" in line and "(fix: " in line, line

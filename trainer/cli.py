@@ -23,7 +23,7 @@ from trainer import __version__, termination
 from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
 from trainer.distributed.preemption import stopped_while_starting
-from trainer.errors import RankLost, TrainerError, missing
+from trainer.errors import AgreedStop, RankLost, TrainerError, missing
 from trainer.ranks.handoff import config_from_text, config_text
 from trainer.ranks.parent import die_with_launcher
 
@@ -371,7 +371,8 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None else ""
-        termination.report(f"{prefix}error: {err}")
+        # the launcher prints a bad-input line once for every rank that agrees
+        termination.report(f"{prefix}error: {err}", not isinstance(err, (RankLost, AgreedStop)))
         if isinstance(err, RankLost) or _group_kept():
             # A broken group's destructors may block on the dead peer or abort; a kept one
             # (preempted together) is left as after a completed run.

@@ -33,6 +33,7 @@ from trainer.errors import (
     first_line,
 )
 from trainer.ranks import parent
+from trainer.ranks.rank_lines import print_deferred
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +231,17 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
     # lines for it in their error files instead of racing for the file.
     message, os.environ[termination.ENV] = termination.target(), ""
     os.environ[parent.ENV] = str(os.getpid())  # the ranks die with this process
+    # The ranks leave their bad-input lines to this process, which prints each once; not when
+    # ranks restart: the lines of an attempt that was restarted would never be printed.
+    os.environ.pop(termination.DEFERRED_ENV, None)
+    if max_restarts == 0:
+        os.environ[termination.DEFERRED_ENV] = "1"
     # SIGTERM (pod eviction) goes to the agent; it forwards it to the ranks, which checkpoint
     # and exit (docs/checkpoints.md).
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
+        print_deferred(err)
         report_user_code(err)
         if termination.line_of(cause(err)[1].error_file_data) is None:
             print(cause_line(err), file=sys.stderr)  # killed: the rank could say nothing
