@@ -63,3 +63,39 @@ def test_a_run_resumed_after_the_first_was_killed_takes_its_directories(
     assert resumed.returncode == 0, resumed.stderr
     assert "resum" in resumed.stderr.lower(), resumed.stderr
     assert (out / "summary.json").is_file()
+
+
+HOLD_AND_FORK = """
+import os, sys, time
+from pathlib import Path
+from trainer.ranks.dirlock import Held
+Held().take(Path(sys.argv[1]), "output.dir", "x")
+child = os.fork()
+if child == 0:  # a DataLoader worker of the rank, still leaving when the rank is gone
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    time.sleep(60)
+    os._exit(0)
+print("held", child, flush=True)
+os._exit(9)  # the rank, killed
+"""
+
+
+def test_a_forked_child_of_a_dead_holder_does_not_keep_the_directory(tmp_path: Path) -> None:
+    # A restarted rank 0 (--max-restarts) must take the directory while a DataLoader worker of
+    # the rank it replaces still exits: an flock, shared with forked children, refused it.
+    from trainer.ranks.dirlock import Held
+
+    proc = subprocess.run([sys.executable, "-c", HOLD_AND_FORK, str(tmp_path)], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60, check=False)
+    word, child = proc.stdout.split()
+    assert word == "held", proc.stderr
+    held = Held()
+    try:
+        assert Path(f"/proc/{child}").exists()  # the child lives on
+        held.take(tmp_path, "output.dir", "x")
+    finally:
+        held.release()
+        os.kill(int(child), signal.SIGKILL)

@@ -3,12 +3,13 @@ first still runs is refused, before it writes anything.
 
 Two runs writing one directory interleave their checkpoints and the last to finish replaces
 the other's ``summary.json`` (seen: both exited 0, the second run's files were the first's
-model). The hold is an ``flock`` on :data:`LOCK_NAME` in the directory, taken by rank 0 only
-(the other ranks of the same run write there through it): the kernel drops it when the process
-ends, however it ends, so a run resumed after the first died takes it again. On NFS Linux
-emulates ``flock`` with byte-range locks that the server keeps, so runs on different nodes
-sharing a volume exclude each other too; a filesystem without locks leaves the directory
-unheld (a warning), as before.
+model). The hold is a POSIX record lock (``fcntl``) on :data:`LOCK_NAME` in the directory,
+taken by rank 0 only (the other ranks of the same run write there through it). The kernel drops
+it when the process ends, however it ends, so a run resumed after the first died takes it
+again; unlike ``flock`` it is not inherited by forked children, so a DataLoader worker still
+leaving a killed rank cannot hold it against the rank restarted in its place. NFS keeps such
+locks on the server, so runs on different nodes sharing a volume exclude each other too; a
+filesystem without locks leaves the directory unheld (a warning), as before.
 """
 
 from __future__ import annotations
@@ -38,20 +39,20 @@ class Held:
     def take(self, directory: Path, what: str, fix: str) -> None:
         """Hold `directory` (named `what` in the error) or fail with one line; a directory held
         already (the output and checkpoint directories may be one) is held once."""
-        path = directory / LOCK_NAME
+        # told apart before opening: closing a second descriptor of a locked file would drop
+        # this process's POSIX lock on it
+        key = (directory.stat().st_dev, directory.stat().st_ino)
+        if key in self._fds:
+            return
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise ConfigError(f"{what}: {directory} cannot hold its lock file {LOCK_NAME} "
                               f"({exc.strerror})", fix) from None
-        key = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
-        if key in self._fds:
-            os.close(fd)
-            return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 os.close(fd)
                 log.warning("%s: %s cannot be locked (%s): another run given it is not "
                             "refused", what, directory, exc.strerror)
