@@ -115,3 +115,29 @@ def test_evaluate_a_directory_without_checkpoints(tmp_path: Path, ranks: str) ->
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     proc = run_cli("train", "--dataset", str(tmp_path / "x.npz"), "--debug")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def _laughs(levels: int) -> str:
+    """model.options whose aliases nest `levels` deep, 9 copies each: 9**levels values."""
+    lines = ["model:", "  options:", "    l0: &l0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("command", ["train", "run"])
+def test_a_billion_laughs_config_is_one_line_at_once(tmp_path: Path, command: str) -> None:
+    # 9**9 values: `run` grew to 3.4 GB writing them out for its ranks, silently.
+    cfg = tmp_path / "laughs.yaml"
+    cfg.write_text(_laughs(9))
+    proc = run_cli(command, "--config", str(cfg), "--metrics-port", "0", "--output-dir",
+                   str(tmp_path / "out"), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_clear_error(proc, f"config file {cfg} expands to more than 1,000,000 values")
+
+
+def test_nproc_per_node_has_a_ceiling_even_oversubscribed(tmp_path: Path) -> None:
+    proc = run_cli("run", "--nproc-per-node", "1000000", "--oversubscribe", "--metrics-port",
+                   "0", "--output-dir", str(tmp_path / "out"), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_clear_error(proc, "--nproc-per-node 1000000 is more than 1024")
+    assert not (tmp_path / "out").exists()

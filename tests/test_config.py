@@ -132,6 +132,24 @@ def test_flag_help_is_the_field_docstring() -> None:
         assert docs[(section, key)].split()[0] in help_text
 
 
+@pytest.mark.parametrize("command", ["train", "run"])
+def test_flag_help_shows_each_default_and_names_no_undefined_seed(command: str) -> None:
+    parser = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    help_text = " ".join(parser.format_help().split())
+    assert "[train.epochs; default 10]" in help_text
+    assert "[optim.lr; default 0.05]" in help_text
+    assert "[train.batch_size; default 32]" in help_text
+    assert "[checkpoint.dir; default none]" in help_text  # empty: off
+    # "the seed's" named the article this project grew from without ever saying so
+    assert "seed's" not in help_text
+    assert "two-layer Linear->Linear model of the article this project grew from" in help_text
+
+
+def test_the_configuration_page_names_no_undefined_seed() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert "seed's" not in page
+
+
 def test_a_builder_added_to_its_registry_is_a_valid_name_everywhere(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # The registries are the only lists of names: one entry is accepted by the config, listed

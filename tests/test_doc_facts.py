@@ -159,3 +159,9 @@ def test_a_fact_is_stated_in_one_place(what: str) -> None:
     places = [path for path, text in PAGES.items()
               for _ in re.finditer(ONCE[what], text.replace("\n", " "))]
     assert len(places) == 1, f"{what}: {places}"
+
+
+def test_the_exit_code_list_names_ctrl_c() -> None:
+    # The CLI exits 130 on Ctrl-C (trainer/cli.py); the list of exit codes left it out.
+    text = " ".join((REPO / "docs" / "cli.md").read_text().split())
+    assert "130 after Ctrl-C (SIGINT)" in text

@@ -18,6 +18,7 @@ from tests.conftest import REPO, run_cli
 from trainer import termination
 from trainer.errors import Preempted, exit_class
 from trainer.ranks.launcher import cause_line, exit_code_of
+from trainer.ranks.rank_lines import print_deferred
 
 
 def kubelet_file(tmp_path: Path) -> Path:
@@ -73,7 +74,8 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_exit(tmp_path: Path) -> Non
                             error_file=str(tmp_path / "none.json"))
     err = ChildFailedError("trainer", {1: killed})
     line = cause_line(err)
-    assert line.startswith("error: rank 1 was killed by SIGKILL (exit 137)"), line
+    assert line.startswith("error: rank 1 was killed by SIGKILL; the run lost it (exit 4)"), line
+    assert exit_code_of(err) == 4  # a lost rank, as docs/checkpoints.md says
     assert "(fix: " in line
 
 
@@ -194,3 +196,106 @@ def test_a_line_with_an_undecodable_byte_is_the_termination_message_escaped(
     (line,) = error_lines(proc.stderr)
     assert "data\\udcff.npz" in line
     assert path.read_text(encoding="utf-8") == line + "\n"
+FINALIZER_SIGTERM = """
+import os, signal, weakref
+from trainer.distributed.preemption import stopped_while_starting
+
+class Part:
+    pass
+
+def finalize(ref):
+    # the signal lands while Python runs this callback, as during an import's garbage collection
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100000):
+        pass
+
+with stopped_while_starting():
+    part = Part()
+    ref = weakref.ref(part, finalize)
+    del part
+    print("went on after SIGTERM", flush=True)
+"""
+
+
+def test_sigterm_while_starting_inside_a_finalizer_still_ends_the_process_with_143() -> None:
+    # Raised in the handler, SystemExit inside a weakref callback was printed as "Exception
+    # ignored" and dropped: the run went on training.
+    proc = subprocess.run([sys.executable, "-c", FINALIZER_SIGTERM], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == Preempted.exit_code, (proc.stdout, proc.stderr)
+    assert "went on" not in proc.stdout and "Exception ignored" not in proc.stderr, proc.stderr
+
+
+def _run_killing_a_rank(tmp_path: Path, training: bool) -> subprocess.CompletedProcess[str]:
+    """`run` of 2 ranks whose rank 1 gets SIGKILL (the OOM killer's signal), as soon as it is
+    started, or once the run trains (wrote a checkpoint)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "TORCHELASTIC_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "run", "--nproc-per-node", "2", "--dataset",
+         "synthetic", "--epochs", "100000", "--metrics-port", "0", "--checkpoint-dir", str(ckpt),
+         "--checkpoint-every", "1", "--output-dir", str(tmp_path / "out")],
+        cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        deadline = time.monotonic() + 120
+        victim = 0
+        while not victim:
+            assert time.monotonic() < deadline and proc.poll() is None, "no rank started"
+            for pid in children.read_text().split():
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if b"LOCAL_RANK=1" in environ and (not training or any(ckpt.glob("ckpt-*"))):
+                    victim = int(pid)
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "starting"])
+def test_a_rank_killed_under_run_is_a_lost_rank_named_in_one_line(
+        tmp_path: Path, training: bool) -> None:
+    proc = _run_killing_a_rank(tmp_path, training)
+    assert proc.returncode == 4, proc.stderr
+    (line,) = [line for line in error_lines(proc.stderr) if line.startswith("error: ")]
+    assert line.startswith("error: rank 1 was killed by SIGKILL") and "(fix: " in line, line
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def _deferred(tmp_path: Path, rank: int, line: str,
+              monkeypatch: pytest.MonkeyPatch) -> ProcessFailure:
+    """Rank `rank` failed with a bad-input `line` it left for the launcher to print."""
+    path = tmp_path / f"deferred-{rank}.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.setenv(termination.DEFERRED_ENV, "1")
+    monkeypatch.setenv(termination.ENV, "")
+    termination.report(line, deferrable=True)
+    return ProcessFailure(local_rank=rank, pid=4000 + rank, exitcode=2, error_file=str(path))
+
+
+def test_a_line_every_rank_agrees_on_is_printed_once_a_rank_of_its_own_keeps_its_prefix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bad = "error: data.npz is not a readable .npz file (fix: re-create it)"
+    failures = {rank: _deferred(tmp_path, rank, f"[rank {rank}] {bad}", monkeypatch)
+                for rank in range(3)}
+    failures[3] = _deferred(tmp_path, 3, "[rank 3] error: port 9313 is in use (fix: x)",
+                            monkeypatch)
+    assert capsys.readouterr().err == ""  # the ranks printed nothing
+    print_deferred(ChildFailedError("trainer", failures))
+    assert capsys.readouterr().err.splitlines() == [
+        bad, "[rank 3] error: port 9313 is in use (fix: x)"]
+
+
+def test_a_bad_input_line_under_run_is_printed_once_not_once_per_rank(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an npz at all")
+    proc = run_cli("run", "--nproc-per-node", "3", "--dataset", str(bad), "--metrics-port", "0",
+                   "--output-dir", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert "bad.npz is not a readable .npz" in line and "(fix: " in line, line

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
 import functools
 import inspect
 import logging
@@ -20,15 +19,15 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-import yaml
-
 from trainer import __version__, termination
 from trainer.config import DistConfig, JobConfig
 from trainer.config_load import build_config, check_timeout
 from trainer.distributed.preemption import stopped_while_starting
 from trainer.distributed.threads import users_omp
-from trainer.errors import RankLost, TrainerError, missing
+from trainer.errors import AgreedStop, RankLost, TrainerError, missing
 from trainer.export.command import register as register_export
+from trainer.ranks.handoff import config_from_text, config_text
+from trainer.ranks.parent import die_with_launcher
 
 # flag -> (section, key): a shortcut for one config field; its type and help are the field's.
 CONFIG_FLAGS: dict[str, tuple[str, str]] = {
@@ -89,11 +88,12 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="YAML config file (sections as in docs/configuration.md); flags "
                         "override it")
-    docs = field_docs()
+    docs, defaults = field_docs(), JobConfig()
     for flag, (section, key) in CONFIG_FLAGS.items():
-        typ = flag_type(section, key)
+        typ, default = flag_type(section, key), getattr(getattr(defaults, section), key)
+        shown = "none" if default == "" else str(default).replace("%", "%%")
         p.add_argument(flag, type=typ, default=None, metavar=typ.__name__.upper(),
-                       help=f"{docs[(section, key)]} [{section}.{key}]")
+                       help=f"{docs[(section, key)]} [{section}.{key}; default {shown}]")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any config field, e.g. --set model.hidden_sizes=[256,128]")
     _add_common(p)
@@ -128,32 +128,6 @@ def _overridden(ns: argparse.Namespace) -> list[tuple[str, str]]:
             if _flag_value(ns, flag) is not None}
     return [(keys[name], item) for item in ns.set
             if (name := item.partition("=")[0].strip()) in keys]
-
-
-def _plain(value: Any) -> Any:
-    """Tuples as lists, at any depth (YAML's safe dumper writes lists, not tuples)."""
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def config_text(cfg: JobConfig) -> str:
-    """`cfg` as one line of YAML: how `run` hands the config it validated to its ranks (the
-    `rank` command reads it back with :func:`config_from_text`), so the ranks neither re-read
-    the flags, the `--set` items and the config file nor validate them again."""
-    text: str = yaml.safe_dump(_plain(dataclasses.asdict(cfg)), default_flow_style=True,
-                               width=float("inf"), sort_keys=False)
-    return text.strip()
-
-
-def config_from_text(text: str) -> JobConfig:
-    """The config :func:`config_text` wrote: its values type-checked into the dataclasses (the
-    launcher validated them)."""
-    from trainer.config_load import merge
-
-    return merge(JobConfig(), yaml.safe_load(text), "the launcher's config")
 
 
 def _config(ns: argparse.Namespace) -> JobConfig:
@@ -376,6 +350,7 @@ def _exit_now(code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_launcher()  # first: a launcher killed from now on takes this rank with it
     with stopped_while_starting():
         return _main(argv)
 
@@ -398,7 +373,8 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank is not None else ""
-        termination.report(f"{prefix}error: {err}")
+        # the launcher prints a bad-input line once for every rank that agrees
+        termination.report(f"{prefix}error: {err}", not isinstance(err, (RankLost, AgreedStop)))
         if isinstance(err, RankLost) or _group_kept():
             # A broken group's destructors may block on the dead peer or abort; a kept one
             # (preempted together) is left as after a completed run.

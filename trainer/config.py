@@ -97,11 +97,12 @@ def numbers(count: int, **item_bounds: float) -> dict[str, Any]:
 @dataclass
 class DataConfig:
     dataset: str = "digits"
-    """`digits` (scikit-learn's bundled 8x8 digits, no download), `synthetic` (the seed's
-    random tensors), a path (a `.npz`, `.csv` or `.parquet` file, or a directory: x.npy +
-    y.npy, image class folders, a `save_to_disk` directory, Parquet files, or `train/` +
-    `val/` splits of one of these; see docs/data.md), or an import path
-    `package.module:callable` returning a map-style Dataset or a (train, val) pair of them."""
+    """`digits` (scikit-learn's bundled 8x8 digits, no download), `synthetic` (random
+    tensors, as in the article this project grew from), a path (a `.npz`, `.csv` or
+    `.parquet` file, or a directory: x.npy + y.npy, image class folders, a `save_to_disk`
+    directory, Parquet files, or `train/` + `val/` splits of one of these; see
+    docs/data.md), or an import path `package.module:callable` returning a map-style
+    Dataset or a (train, val) pair of them."""
     format: str = field(default="auto", metadata=one_of(DATA_FORMATS))
     """What a `dataset` path holds: `auto` (detected from the files, and logged), `npy`,
     `images`, `arrow` (save_to_disk), `parquet`, `csv` or `npz`; only `auto` with a built-in
@@ -160,9 +161,10 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = "mlp"
-    """`mymodel` (the seed's Linear->Linear), `mlp`, `cnn` (image-shaped data), or an import
-    path `package.module:callable` returning an nn.Module; it is called with `num_classes`
-    and `sample_shape` (when the dataset defines them and it accepts them) and `options`."""
+    """`mymodel` (the two-layer Linear->Linear model of the article this project grew from:
+    see the README), `mlp`, `cnn` (image-shaped data), or an import path
+    `package.module:callable` returning an nn.Module; it is called with `num_classes` and
+    `sample_shape` (when the dataset defines them and it accepts them) and `options`."""
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the model callable (free-form); they override the fields below
     for the built-in models."""
@@ -218,8 +220,8 @@ class TrainConfig:
     seed: int = field(default=0, metadata=limits(minimum=0, exclusiveMaximum=2 ** (INT_BITS - 1)))
     """Seed of the data split, the shuffling and the model initialisation."""
     strategy: str = field(default="ddp", metadata=one_of(STRATEGIES))
-    """`ddp` (DistributedDataParallel, recommended) or `dp` (single-node DataParallel, the
-    seed's way)."""
+    """`ddp` (DistributedDataParallel, recommended) or `dp` (single-node DataParallel, as the
+    article ran it)."""
     sampler: str = field(default="shuffle", metadata=one_of(SAMPLERS))
     """Training sampler: `shuffle` (ddp-trainer's memory-free, resumable sampler) or
     `torch` (torch.utils.data.distributed.DistributedSampler)."""

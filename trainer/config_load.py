@@ -108,10 +108,34 @@ def _section_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+MAX_VALUES = 1_000_000
+"""Most values (scalars, lists and mappings, each alias counted where it is used) a config
+layer may hold: nine lines of YAML aliases expand to 387 million (a "billion laughs"), which
+grew `run`'s launcher to 3.4 GB as it passed the config to its ranks."""
+
+
+def _check_size(overrides: Any, source: str) -> None:
+    """Refuse a layer that expands beyond MAX_VALUES, in at most that many steps (a walk that
+    stops there, iterative: a deep nesting or a cycle of aliases cannot run it away)."""
+    stack, seen = [overrides], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise ConfigError(f"{source} expands to more than {MAX_VALUES:,} values (YAML "
+                              "aliases repeated inside each other)",
+                              "write the values out; a config needs far fewer")
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
 def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
     """Apply a nested mapping `{section: {key: value}}` onto `cfg`, checking every key."""
     if not isinstance(overrides, dict):
         raise ConfigError(f"{source}: expected a mapping of sections", "see docs/configuration.md")
+    _check_size(overrides, source)
     sections = _section_types(JobConfig)
     for section, values in overrides.items():
         if section not in sections:

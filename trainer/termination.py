@@ -26,13 +26,23 @@ LIMIT = 4096
 """Bytes the kubelet reads of the file."""
 LINE_KEY = "line"
 """The printed line, beside the message in torch elastic's error file."""
+DEFERRED_ENV = "DDP_TRAINER_LAUNCHER_PRINTS"
+"""Set by the launcher for its ranks: a bad-input line goes only into the error file, and the
+launcher prints it once for all the ranks that agree (8 copies on an 8-GPU pod were noise)."""
+PRINTED_KEY = "printed"
+"""False beside a line the rank left for the launcher to print."""
 TIME_KEY = "time"
 """When the line was recorded, in seconds with a fraction: torch elastic's own timestamp is whole
 seconds, too coarse to tell which of two ranks failed first."""
 
 
-def report(line: str) -> None:
-    """Print `line` on stderr and leave it where Kubernetes and the launcher read it."""
+def report(line: str, deferrable: bool = False) -> None:
+    """Print `line` on stderr and leave it where Kubernetes and the launcher read it; a
+    `deferrable` line (bad input, the same on every rank) only the launcher prints, when it
+    asked for that (:data:`DEFERRED_ENV`)."""
+    if deferrable and os.environ.get(DEFERRED_ENV) and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        record(line, printed=False)
+        return
     # One write of the line and its newline: print() makes two, and with PYTHONUNBUFFERED (the
     # image, the operators) each is a write(2) of its own, so the lines of ranks that share a
     # pipe came out as "[rank 0] error: ...[rank 1] error: ...\n\n" (seen in a loaded CI run).
@@ -60,7 +70,7 @@ def write(line: str, path: Path | None = None) -> None:
         path.write_text(data + "\n", encoding="utf-8")
 
 
-def record(line: str) -> None:
+def record(line: str, printed: bool = True) -> None:
     """`line` into torch elastic's error file (``TORCHELASTIC_ERROR_FILE``, set by the agent
     for each rank), kept beside a message already there: the launcher reads it as the rank's
     failure (:attr:`ProcessFailure.error_file_data`)."""
@@ -76,6 +86,7 @@ def record(line: str) -> None:
     data.setdefault("timestamp", int(now))
     data[LINE_KEY] = line
     data[TIME_KEY] = now
+    data[PRINTED_KEY] = printed
     with contextlib.suppress(OSError):
         Path(path).write_text(json.dumps(data), encoding="utf-8")
 
@@ -91,4 +102,11 @@ def line_of(error_file_data: object) -> str | None:
     """The line a rank recorded (see :func:`record`), or None."""
     if isinstance(error_file_data, dict) and isinstance(error_file_data.get(LINE_KEY), str):
         return str(error_file_data[LINE_KEY])
+    return None
+
+
+def unprinted_of(error_file_data: object) -> str | None:
+    """The line a rank recorded and left for the launcher to print (see :func:`report`)."""
+    if isinstance(error_file_data, dict) and error_file_data.get(PRINTED_KEY) is False:
+        return line_of(error_file_data)
     return None

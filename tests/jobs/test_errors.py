@@ -345,3 +345,28 @@ def test_a_missing_exec_credential_plugin_is_named_not_the_api_server(
     assert err.count("\n") == 1, err  # no line of the client's before ours
     line = one_line_error(err)
     assert f"kubeconfig {path}: user 'u' gets its credentials from the {named}" in line, line
+def test_an_exec_credential_plugin_that_never_answers_fails_after_the_request_timeout(
+        tmp_path: Path) -> None:
+    import time
+
+    import yaml
+
+    path = tmp_path / "config"
+    kubeconfig(path, {"eks": ("https://127.0.0.1:1", "training")}, current="eks")
+    doc = yaml.safe_load(path.read_text())
+    plugin = tmp_path / "get-token"  # waits as one stuck on a login or a network would
+    plugin.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(120)\n")
+    plugin.chmod(0o755)
+    doc["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                                        "command": str(plugin)}}
+    path.write_text(yaml.safe_dump(doc))
+    started = time.monotonic()
+    # a process of its own: without the bound it would wait for ever
+    proc = subprocess.run([sys.executable, "-m", "trainer", "jobs", "list", "--kubeconfig",
+                           str(path), "--request-timeout", "1"], capture_output=True, text=True,
+                          timeout=90, check=False, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2, proc.stderr
+    line = one_line_error(proc.stderr)
+    assert f"credential plugin '{plugin}' gave no answer within 1 s" in line, line
+    assert time.monotonic() - started < 60

@@ -3,7 +3,9 @@ refused before any starts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -98,3 +100,38 @@ def test_on_a_gpu_node_one_rank_per_gpu_is_the_bound_unless_oversubscribed(
     assert "--oversubscribe" in err.value.fix
     check_nproc(3, oversubscribe=True, device="auto")
     check_nproc(3, oversubscribe=False, device="cpu")  # CPU ranks: the per-core bound
+
+
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
+    # The launcher cannot stop its ranks when SIGKILL ends it: they trained on under PID 1.
+    marker = f"DDP_TRAINER_TEST_MARK={uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+           and not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env.update(PYTHONPATH=str(REPO), DDP_TRAINER_TEST_MARK=marker.partition("=")[2])
+    ckpt = tmp_path / "ckpt"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "run", "--nproc-per-node", "2", "--dataset",
+         "synthetic", "--epochs", "100000", "--metrics-port", "0", "--checkpoint-dir",
+         str(ckpt), "--checkpoint-every", "1", "--output-dir", str(tmp_path / "out")],
+        cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not any(ckpt.glob("ckpt-*.pt")):  # training: every rank is past its start
+            assert launcher.poll() is None and time.monotonic() < deadline, "it never trained"
+            time.sleep(0.05)
+        ranks = [pid for pid in _marked(marker) if pid != launcher.pid]
+        assert len(ranks) >= 2, ranks
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while (left := [pid for pid in _marked(marker) if pid in ranks]) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"ranks {left} outlived their launcher"
+    finally:
+        launcher.kill()
+        for pid in _marked(marker):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""Built-in models (the seed's two-layer MyModel, an MLP, a small CNN) and the one function
+"""Built-in models (the article's two-layer MyModel, an MLP, a small CNN) and the one function
 that builds any model, built-in or user import path, for training and for `evaluate`."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class SmallCNN(nn.Module):
 
 def mymodel(num_classes: int, sample_shape: tuple[int, ...],
             hidden_sizes: list[int] | tuple[int, ...] = (20,)) -> MyModel:
-    """The seed's model; its hidden width is the first of `hidden_sizes`."""
+    """The article's two-layer model; its hidden width is the first of `hidden_sizes`."""
     return MyModel(math.prod(sample_shape), list(hidden_sizes)[0], num_classes)
 
 

@@ -55,8 +55,8 @@ class InMemoryDataset(Dataset[tuple[Tensor, Tensor]]):
 
 def synthetic(samples: int, features: int, classes: int, seed: int,
               num_classes: int = 0) -> InMemoryDataset:
-    """The seed's ``torch.randn`` features; labels come from a fixed random linear "teacher"
-    so the task is learnable (the seed's randint labels are pure noise, capping accuracy at
+    """The article's ``torch.randn`` features; labels come from a fixed random linear "teacher"
+    so the task is learnable (the article's randint labels are pure noise, capping accuracy at
     1/C)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(samples, features, generator=g)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import TrainerError, first_line
+from trainer.jobs import exec_plugin
 from trainer.jobs.errors import (
     AccessDenied,
     ApiFailed,
@@ -128,6 +129,8 @@ class Cluster:
             yield
         except TrainerError:
             raise
+        except exec_plugin.PluginSilent as exc:  # refreshing an expired credential
+            raise exc.error from None
         except Exception as exc:  # noqa: BLE001 - classified below, re-raised if unknown
             translated = self.translate(exc, action, kind, job)
             raise (translated or self.unexpected(exc, action)) from exc
@@ -294,6 +297,7 @@ def connect(target: Target) -> Cluster:
         chosen = next((c for c in contexts if c["name"] == context), None)
         check_exec_plugin([p for p in paths if p.is_file()],
                           str(((chosen or {}).get("context") or {}).get("user", "")))
+        exec_plugin.bound(target.request_timeout)
         try:
             config.load_kube_config(  # type: ignore[no-untyped-call, unused-ignore]
                 config_file=joined,
@@ -301,6 +305,8 @@ def connect(target: Target) -> Cluster:
                 client_configuration=configuration,
                 persist_config=False,
             )
+        except exec_plugin.PluginSilent as exc:
+            raise exc.error from None
         except (ConfigException, TypeError, KeyError, AttributeError, ValueError) as exc:
             raise KubeconfigError(
                 f"kubeconfig {joined} is not usable: {reason(exc)}",

@@ -34,6 +34,8 @@ from trainer.errors import (
     UserCodeError,
     first_line,
 )
+from trainer.ranks import parent
+from trainer.ranks.rank_lines import print_deferred
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,10 @@ DDP on a laptop (3 ranks on 2 cores run in the tests); beyond that each rank get
 core and costs ~250 MB of memory for nothing (a million asked for ran the machine out of
 memory after 35 ranks, 8 GB)."""
 
+MAX_LOCAL_RANKS = 1024
+"""Most local ranks, even with ``--oversubscribe``: above a 256-core machine's 4 per core; a
+million asked for built a million rank environments before failing."""
+
 STOP_GRACE_SECONDS = 10.0
 """How long ranks left behind by a failed launcher get to leave on SIGTERM before SIGKILL."""
 
@@ -52,11 +58,16 @@ STOP_GRACE_SECONDS = 10.0
 def check_nproc(nproc: int, oversubscribe: bool, device: str) -> None:
     """Refuse a number of local ranks this machine cannot run on `device` (train.device): more
     than one per GPU (NCCL refuses two ranks on one GPU) or more than RANKS_PER_CORE per usable
-    core, unless `oversubscribe`."""
+    core, unless `oversubscribe`; more than MAX_LOCAL_RANKS in any case."""
     import torch
 
     if nproc < 1:
         raise TrainerError(f"--nproc-per-node {nproc} < 1", "use 1 or more")
+    if nproc > MAX_LOCAL_RANKS:
+        raise TrainerError(f"--nproc-per-node {nproc} is more than {MAX_LOCAL_RANKS}, the most "
+                           "ranks one machine runs (--oversubscribe does not lift it)",
+                           f"use --nproc-per-node {MAX_LOCAL_RANKS} or fewer; more ranks run on "
+                           "more nodes")
     if oversubscribe:
         return
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
@@ -133,10 +144,17 @@ def _launcher_argv(nproc: int, max_restarts: int, timeout_seconds: float) -> lis
 def exit_code_of(err: ChildFailedError) -> int:
     """The exit code of the cause: a rank whose user code raised (the others only saw it
     vanish), else the rank that failed first (the others' failures follow from it); a rank
-    killed by signal N maps to 128 + N, as a shell reports it."""
+    stopped by SIGTERM or SIGINT maps to 128 + N, as a shell reports it, one killed by any
+    other signal (SIGKILL: the OOM killer, kill -9) to a lost rank's 4."""
     _, failure = cause(err)
     code = failure.exitcode
+    if code < 0 and -code not in _STOPPED:  # killed (OOM, kill -9): the run lost a rank
+        return RankLost.exit_code
     return 128 - code if code < 0 else code
+
+
+_STOPPED = frozenset({int(signal.SIGTERM), int(signal.SIGINT)})
+"""Signals that stop a rank as asked (a preemption, Ctrl-C): 128 + N, as a shell reports it."""
 
 
 _FOLLOWS = frozenset({RankLost.exit_code, Preempted.exit_code, -int(signal.SIGTERM)})
@@ -214,14 +232,23 @@ def launch(rank_argv: list[str], nproc: int, max_restarts: int, timeout_seconds:
     # One termination message for the container, the launcher's: its ranks record their
     # lines for it in their error files instead of racing for the file.
     message, os.environ[termination.ENV] = termination.target(), ""
+    os.environ[parent.ENV] = str(os.getpid())  # the ranks die with this process
+    # The ranks leave their bad-input lines to this process, which prints each once; not when
+    # ranks restart: the lines of an attempt that was restarted would never be printed.
+    os.environ.pop(termination.DEFERRED_ENV, None)
+    if max_restarts == 0:
+        os.environ[termination.DEFERRED_ENV] = "1"
     # SIGTERM (pod eviction) goes to the agent; it forwards it to the ranks, which checkpoint
     # and exit (docs/checkpoints.md).
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
+        print_deferred(err)
         report_user_code(err)
-        if exit_code_of(err) in (HUNG_EXIT, HUNG_AGAIN_EXIT):
-            # the ranks leave the verdict to the launcher, to print it once
+        hung = exit_code_of(err) in (HUNG_EXIT, HUNG_AGAIN_EXIT)
+        if hung or termination.line_of(cause(err)[1].error_file_data) is None:
+            # a hung rank leaves its verdict to the launcher, to print it once; a killed
+            # rank could say nothing
             print(cause_line(err), file=sys.stderr)
         termination.write(cause_line(err), message)
         return exit_code_of(err)
@@ -257,6 +284,7 @@ def cause_line(err: ChildFailedError) -> str:
     code = exit_code_of(err)
     how = (f"was killed by {failure.signal_name()}"
            if failure.exitcode < 0 else f"exited with {code} without an error line")
-    return (f"error: rank {rank} {how} (exit {code}) (fix: its log shows its last words; "
+    lost = "; the run lost it" if code == RankLost.exit_code else ""
+    return (f"error: rank {rank} {how}{lost} (exit {code}) (fix: its log shows its last words; "
             "a SIGKILL is often the out-of-memory killer: raise the memory limit or lower "
             "train.batch_size)")

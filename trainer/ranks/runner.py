@@ -32,6 +32,7 @@ from trainer.export.files import export_run
 from trainer.loop.resume_check import training_state
 from trainer.metrics import RunInfo, build_metrics
 from trainer.placement import DistContext
+from trainer.ranks.dirlock import Held
 from trainer.ranks.lifecycle import rank_life
 from trainer.ranks.outputs import write_json
 
@@ -72,11 +73,16 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         _check_alone(cfg, rank.ctx)
         workload = rank.prepare(model=model, dataset=dataset, step=step)
         rank.check_output_dir(cfg.output.dir)
-        starts = None
         directory = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
         if directory is not None:
             checkpoint.check_writable(directory)
-            starts = checkpoint.count_start(directory, rank.ctx.rank)
+        if rank.ctx.rank == 0:  # for the whole run, before anything is written there
+            held = Held()
+            rank.close_at_exit(held.release)
+            held.take(Path(cfg.output.dir), "output.dir", "pass another --output-dir")
+            if directory is not None:
+                held.take(directory, "checkpoint dir", "pass another --checkpoint-dir")
+        starts = None if directory is None else checkpoint.count_start(directory, rank.ctx.rank)
         stop = StopFlag()
         stop.install()  # before joining, so an early SIGTERM is not lost
         rank.close_at_exit(stop.uninstall)
