@@ -30,8 +30,8 @@ from .chartlib import (
 )
 
 CONFIG = "/etc/ddp-trainer/config.yaml"
-KINDS = {"ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "NetworkPolicy", "TrainJob",
-         "TrainingRuntime", "PodMonitor", "PrometheusRule"}
+KINDS = {"ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "NetworkPolicy", "Role",
+         "RoleBinding", "TrainJob", "TrainingRuntime", "PodMonitor", "PrometheusRule"}
 
 
 def node(pod: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +143,15 @@ def test_the_pod_has_everything_the_pytorchjob_modes_pod_has(helm4: str) -> None
     for field in ("image", "command", "securityContext", "volumeMounts", "resources"):
         assert c2[field] == c1[field], field
     assert c2["args"] == c1["args"]  # `run --nproc-per-node 8`, as the PyTorchJob with 8 GPUs
-    assert {e["name"]: e for e in c1["env"]}.items() <= {e["name"]: e for e in c2["env"]}.items()
+    env1, env2 = ({e["name"]: e for e in c["env"]} for c in (c1, c2))
+    # the job the hang watchdog's Event goes to: each kind's own, by its controller's pod label
+    assert env1.pop("DDP_TRAINER_JOB_KIND")["value"] == "PyTorchJob"
+    assert env2.pop("DDP_TRAINER_JOB_KIND")["value"] == "TrainJob"
+    label = {e: env.pop("DDP_TRAINER_JOB_NAME")["valueFrom"]["fieldRef"]["fieldPath"]
+             for e, env in (("v1", env1), ("v2", env2))}
+    assert label == {"v1": "metadata.labels['training.kubeflow.org/job-name']",
+                     "v2": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}
+    assert env1.items() <= env2.items()
     for key in ("team", "app.kubernetes.io/name", "app.kubernetes.io/instance"):
         assert v2["metadata"]["labels"][key] == v1["metadata"]["labels"][key]
     assert v2["metadata"]["annotations"]["example.com/owner"] == "ml-platform"

@@ -27,7 +27,8 @@ from .chartlib import (
 
 # Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the kubectl we install.
 K8S_VERSIONS = ("1.27.0", "1.35.0")
-BUILTIN_KINDS = {"ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "NetworkPolicy"}
+BUILTIN_KINDS = {"ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "NetworkPolicy", "Role",
+                 "RoleBinding"}
 CUSTOM_KINDS = {"PyTorchJob", "PodMonitor", "PrometheusRule"}
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
