@@ -14,7 +14,7 @@ import threading
 import traceback
 from typing import TextIO
 
-from trainer.usercode import innermost_user
+from trainer.usercode import innermost_outside_libraries, innermost_user
 
 DUMP_SIGNAL = signal.SIGUSR1
 
@@ -33,9 +33,12 @@ def _stack(ident: int) -> list[traceback.FrameSummary]:
 
 def where(ident: int, fallback: bool = False) -> str:
     """``file.py:8 in step``: the innermost line of the user's code in thread `ident`'s stack,
-    else (with `fallback`) its innermost line; empty when there is none."""
+    else (with `fallback`) its innermost line outside torch and the standard library, else its
+    innermost; empty when there is none."""
     frames = _stack(ident)
-    frame = innermost_user(frames) or (frames[-1] if frames and fallback else None)
+    frame = innermost_user(frames)
+    if frame is None and fallback and frames:
+        frame = innermost_outside_libraries(frames) or frames[-1]
     if frame is None:
         return ""
     name = os.path.relpath(frame.filename) if not frame.filename.startswith("<") else ""

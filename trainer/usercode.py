@@ -91,6 +91,14 @@ def innermost_user(frames: list[traceback.FrameSummary]) -> traceback.FrameSumma
     return (outside_packages or called)[-1]
 
 
+def innermost_outside_libraries(frames: list[traceback.FrameSummary]
+                                ) -> traceback.FrameSummary | None:
+    """The innermost frame of `frames` in neither torch nor the standard library: this
+    package's own where no user code is on the stack (a checkpoint writer stuck in a file's
+    open is at checkpoint.py's line, not pathlib's)."""
+    return next((f for f in reversed(frames) if not _library(f.filename)), None)
+
+
 def describe(exc: BaseException, frame: traceback.FrameSummary) -> str:
     """``user code raised ValueError: ... at model.py:12 in forward``."""
     return (f"user code raised {type(exc).__name__}: "
