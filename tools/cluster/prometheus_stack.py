@@ -144,8 +144,18 @@ def wait_for_prometheus(paths: Paths, kubectl: Path) -> str:
             found.append(url)
         return bool(found)
 
-    procs.wait_for(answering, 240, "the operator's Prometheus pod answering",
-                   paths.logs / f"{OPERATOR.name}.log")
+    try:
+        # 240 s was too short once in CI, while both cores ran the tests outside tests/cluster
+        procs.wait_for(answering, 600, "the operator's Prometheus pod answering",
+                       paths.logs / f"{OPERATOR.name}.log")
+    except procs.ClusterError as exc:  # the operator's log says little of why the pod waits
+        pod = api.kubectl(paths, kubectl, "describe", "pod", "prometheus-k8s-0", "-n",
+                          NAMESPACE, check=False)
+        sts = api.kubectl(paths, kubectl, "get", "statefulset", "-n", NAMESPACE, "-o", "wide",
+                          check=False)
+        raise procs.ClusterError(f"{exc}\nkubectl describe pod prometheus-k8s-0:\n"
+                                 f"{(pod.stdout + pod.stderr)[-3000:]}\n"
+                                 f"{sts.stdout}{sts.stderr}") from None
     url_file(paths).write_text(found[0] + "\n")
     return found[0]
 
