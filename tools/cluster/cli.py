@@ -14,7 +14,6 @@ with each host-specific flag and what is still not real here.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import signal
@@ -23,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.cluster import actions, builds, components, nodes, procs
+from tools.cluster import actions, builds, components, netns, nodes, procs
 from tools.cluster.actions import log
 from tools.cluster.layout import (
     API_PORT,
@@ -56,6 +55,17 @@ def preflight(paths: Paths) -> None:
                            f"checkout, or `kill {other[0]}`)")
 
 
+def _clear_stale(paths: Paths) -> None:
+    """The state of a cluster whose processes are gone (a machine restarted, a checkout
+    deleted before `down`) is removed first: its etcd would hand the new kubelet sandboxes and
+    pods that no longer exist (stop 48's CI: a stale Prometheus pod never became Ready)."""
+    if procs.pids_matching(f"--secure-port {API_PORT} ") or procs.pid_of(paths, "etcd"):
+        return  # running: `up` reuses it
+    if paths.runtime.exists() or netns.pod_namespaces() or leftovers(paths):
+        log(f"a stopped cluster's state is left ({paths.runtime}): removing it first")
+        down(paths)
+
+
 def up(paths: Paths, count: int = 1) -> None:
     """Each of actions.ACTIONS, in order (each is idempotent: a running cluster is reused,
     and one with fewer nodes gets the rest)."""
@@ -64,6 +74,8 @@ def up(paths: Paths, count: int = 1) -> None:
                            f"(fix: --nodes 1 or --nodes {len(NODES)})")
     began = time.monotonic()
     preflight(paths)
+    _clear_stale(paths)
+    netns.share()
     versions = Versions.read()
     log(f"Kubernetes {versions.kubernetes}, etcd {versions.etcd}, CoreDNS {versions.coredns}, "
         f"local-path-provisioner {versions.local_path}, training operator "
@@ -101,22 +113,6 @@ def restart(paths: Paths, name: str) -> None:
         actions.start_all(paths, [wanted[name]])
 
 
-def _remove_netns(netns: Path) -> None:
-    """Unmounts a pod's network namespace file (mounted once per mount namespace it propagated
-    to, hence the loop; lazily at last) and removes it; one left is reported by `leftovers`.
-    A CI run's down once failed on EBUSY after a single umount (stop 48)."""
-    for _ in range(8):
-        if subprocess.run(["umount", str(netns)], capture_output=True,
-                          check=False).returncode != 0:
-            break
-    try:
-        netns.unlink(missing_ok=True)
-    except OSError:
-        subprocess.run(["umount", "-l", str(netns)], capture_output=True, check=False)
-        with contextlib.suppress(OSError):
-            netns.unlink(missing_ok=True)
-
-
 def down(paths: Paths) -> None:
     """Stops every process `up` started on every node (pods' containers included) and removes
     the state, the nodes' namespaces, routes, iptables rules and cgroups."""
@@ -129,8 +125,7 @@ def down(paths: Paths) -> None:
                  "etcd"):
         procs.stop(paths, name)
     _unmount_under(paths.runtime)
-    for netns in Path("/run/netns").glob("cni-*"):  # containerd's pod network namespaces
-        _remove_netns(netns)
+    netns.remove_pods()  # containerd's pod network namespaces
     for node in NODES:
         nodes.remove_cgroups(node)
         if node.netns is not None:
@@ -160,8 +155,9 @@ def leftovers(paths: Paths) -> list[str]:
             + procs.pids_matching(str(paths.config) + "/")]
     mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
     left += [f"mount {m}" for m in mounts if m.startswith(str(paths.runtime) + "/")]
-    left += [f"network namespace {n.name}" for n in Path("/run/netns").glob("*")
+    left += [f"network namespace {n.name}" for n in netns.NETNS.glob("*")
              if n.name.startswith("cni-") or n.name in {node.netns for node in NODES}]
+    left += [f"network namespace mount {m}" for m in netns.pod_namespaces()]
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
                            check=False).stdout
     names = {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}
