@@ -2,10 +2,11 @@
 (controllers.py says how a controller runs on the host; docs/queues.md how jobs use it).
 
 Its CRDs, RBAC, webhook configurations and the empty webhook-certificate Secret its rotator
-fills are the module's config/default as `kubectl kustomize` renders it, less the visibility
-API server's APIService and Service: the on-demand visibility API is off here (an aggregated
-API whose server is not reachable would break every client's discovery, Helm's included), so
-the pending position is read from the Workload's conditions instead.
+fills are the module's config/default as `kubectl kustomize` renders it, less the webhooks of
+the job kinds it does not queue here and the visibility API server's APIService and Service:
+the on-demand visibility API is off here (an aggregated API whose server is not reachable
+would break every client's discovery, Helm's included), so the pending position is read from
+the Workload's conditions instead.
 
 The Configuration enables the three job kinds the chart makes (PyTorchJob, TrainJob and the
 JobSet a TrainJob becomes) and waitForPodsReady with a timeout short enough for tests: an
@@ -42,10 +43,34 @@ KUEUE = HostController(
 _DROPPED = ("APIService", "Deployment")
 
 
+# What the FRAMEWORKS' webhooks and Kueue's own (its CRDs') admit: group -> resources.
+ADMITTED = {"kueue.x-k8s.io": None, "kubeflow.org": {"pytorchjobs"},
+            "trainer.kubeflow.org": {"trainjobs"}, "jobset.x-k8s.io": {"jobsets"}}
+
+
 def manifests(paths: Paths, kubectl: Path) -> list[dict[str, Any]]:
     source = module_dir(MODULE, KUEUE_MODULE)
     rendered = api.kubectl(paths, kubectl, "kustomize", str(source / "config" / "default"))
-    return [d for d in yaml.safe_load_all(rendered.stdout) if d and keep(d)]
+    return [only_our_webhooks(d) for d in yaml.safe_load_all(rendered.stdout) if d and keep(d)]
+
+
+def only_our_webhooks(obj: dict[str, Any]) -> dict[str, Any]:
+    """A webhook configuration less the webhooks of the integrations left off (pods, Jobs,
+    Deployments, Ray, ...): Kueue answers those with a no-op, but their `failurePolicy: Fail`
+    would make every pod's and Job's creation in the cluster fail while Kueue is down."""
+    if not obj["kind"].endswith("WebhookConfiguration"):
+        return obj
+    return {**obj, "webhooks": [w for w in obj["webhooks"] if all(_ours(r) for r in w["rules"])]}
+
+
+def _ours(rule: dict[str, Any]) -> bool:
+    for group in rule["apiGroups"]:
+        if group not in ADMITTED:
+            return False
+        wanted = ADMITTED[group]
+        if wanted is not None and not {r.split("/")[0] for r in rule["resources"]} <= wanted:
+            return False
+    return True
 
 
 def keep(obj: dict[str, Any]) -> bool:
