@@ -55,6 +55,8 @@ VERSION_CLAIMS = [  # (what, pattern capturing a version as the docs write it, i
     ("JobSet", r"JobSet (v\d+\.\d+\.\d+)", PINS.jobset),
     ("prometheus-operator", r"prometheus-operator (v\d+\.\d+\.\d+)", PINS.prometheus_operator),
     ("Prometheus", r"Prometheus (v\d+\.\d+\.\d+)", prometheus_release(PINS.prometheus)),
+    ("Kueue", r"Kueue (v\d+\.\d+\.\d+)", PINS.kueue),
+    ("Kueue's version line", r"\*\*Version: (v\d+\.\d+\.\d+)\*\*", PINS.kueue),
     ("kubectl", r"kubectl (\d+\.\d+)\b", shell_pin("install-helm.sh", "KUBECTL_VERSION")[:4]),
 ]
 

@@ -339,6 +339,34 @@ def test_kueue_queue_label_is_on_the_job(helm4: str) -> None:
     assert "kueue.x-k8s.io/queue-name" not in job_of(helm4)["metadata"]["labels"]
 
 
+QUEUED = ("scheduling.kueue.queueName=team-a", "scheduling.kueue.priorityClass=urgent")
+
+
+@pytest.mark.parametrize("which", ["helm3", "helm4"])
+def test_a_queued_job_is_created_suspended_with_its_queue_labels(
+        helms: dict[str, str], which: str) -> None:
+    # runPolicy.suspend is left at its default (false): the queue name alone suspends the job,
+    # so no pod starts before Kueue admits the whole of it.
+    pytorchjob = job_of(helms[which], sets=QUEUED)
+    trainjob = one(render(helms[which], sets=(*QUEUED, "apiKind=TrainJob")), "TrainJob")
+    for job in (pytorchjob, trainjob):
+        labels = job["metadata"]["labels"]
+        assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert labels["kueue.x-k8s.io/priority-class"] == "urgent"
+    assert pytorchjob["spec"]["runPolicy"]["suspend"] is True
+    assert trainjob["spec"]["suspend"] is True
+    assert job_of(helms[which])["spec"]["runPolicy"]["suspend"] is False  # unqueued: runs
+    assert one(render(helms[which], sets=("apiKind=TrainJob",)),
+               "TrainJob")["spec"]["suspend"] is False
+
+
+def test_a_queue_name_that_is_no_label_value_is_refused(helm4: str) -> None:
+    for value in ("scheduling.kueue.queueName=Team_A", "scheduling.kueue.priorityClass=-high"):
+        proc = run_helm(helm4, "template", RELEASE, str(CHART), "--set", value)
+        assert proc.returncode != 0, value
+        assert "/scheduling/kueue/" in proc.stderr, proc.stderr
+
+
 def test_scheduling_values_reach_every_pod(helm4: str) -> None:
     for template in pod_templates(job_of(helm4, "everything")).values():
         spec = template["spec"]

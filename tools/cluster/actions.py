@@ -24,6 +24,7 @@ from tools.cluster import (
     configs,
     controllers,
     images,
+    kueue,
     nodes,
     operators,
     pki,
@@ -44,6 +45,7 @@ from tools.cluster.layout import (
     Node,
     Paths,
     Versions,
+    kueue_wanted,
 )
 from tools.imagebuild.podman import Podman
 
@@ -84,6 +86,7 @@ def write_configs(paths: Paths) -> None:
     configs.local_path(paths)
     configs.helper_pod(paths)
     trainer_v2.write_configs(paths)
+    kueue.write_config(paths)
     paths.storage.mkdir(parents=True, exist_ok=True)
 
 
@@ -177,14 +180,22 @@ OPERATORS: tuple[Operator, ...] = (
     Operator(prometheus_stack.OPERATOR, prometheus_stack.install,
              lambda paths: (prometheus_stack.arguments(), prometheus_stack.environment()),
              then=_prometheus),
+    # After the operators of the job kinds it queues: it watches their CRDs from its start.
+    # Optional (KUEUE=0 leaves it out): layout.kueue_wanted.
+    Operator(kueue.KUEUE, _objects(kueue.KUEUE, kueue.manifests),
+             lambda paths: (kueue.arguments(paths), {})),
 )
+
+
+def wanted_operators() -> tuple[Operator, ...]:
+    return tuple(op for op in OPERATORS if op.controller is not kueue.KUEUE or kueue_wanted())
 
 
 def host_controllers(paths: Paths, bins: dict[str, Path]
                      ) -> list[tuple[HostController, components.Component]]:
     """Each of OPERATORS with the process that runs it."""
     out = []
-    for op in OPERATORS:
+    for op in wanted_operators():
         c = op.controller
         flags, env = op.flags(paths)
         out.append((c, components.Component(
@@ -270,11 +281,11 @@ def _started(paths: Paths) -> int:
 def _operators(up: Up) -> str:
     """Every operator's objects applied, the operators started, then what each needs."""
     paths, kubectl = up.paths, up.bins["kubectl"]
-    for op in OPERATORS:
+    for op in wanted_operators():
         op.install(paths, kubectl)
     for controller, process in host_controllers(paths, up.bins):
         start_controller(paths, controller, process)
-    said = [op.then(paths, kubectl) for op in OPERATORS if op.then is not None]
+    said = [op.then(paths, kubectl) for op in wanted_operators() if op.then is not None]
     return "; ".join(line for line in said if line)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from tools.cluster.layout import (
     COREDNS_MODULE,
     HERE,
+    KUEUE_MODULE,
     LOCAL_PATH_MODULE,
     PROMETHEUS_MODULE,
     PROMETHEUS_OPERATOR_MODULE,
@@ -27,6 +28,7 @@ from tools.cluster.layout import (
     TRAINING_OPERATOR_MODULE,
     Versions,
     binaries_cache,
+    kueue_wanted,
 )
 
 
@@ -42,6 +44,7 @@ class Group:
     packages: tuple[tuple[str, str], ...]  # (binary name, package path)
     static: bool = False  # no cgo: the binary goes into a FROM-scratch image
     tags: str = ""  # go build -tags
+    optional: bool = False  # an add-on the cluster runs without under KUEUE=0
 
     def ldflags(self, versions: Versions) -> str:
         if self.name == "localpath":  # what its release build stamps
@@ -82,6 +85,8 @@ GROUPS = (
     Group("prometheus", PROMETHEUS_MODULE, (
         ("prometheus", "github.com/prometheus/prometheus/cmd/prometheus"),),
           static=True, tags="remove_all_sd,enable_kubernetes_sd"),
+    # Last: the optional add-on, so that its failing build comes after every other's.
+    Group("kueue", KUEUE_MODULE, (("kueue", "sigs.k8s.io/kueue/cmd/kueue"),), optional=True),
 )
 
 
@@ -148,7 +153,13 @@ def build(group: Group, versions: Versions) -> Path:
     proc = subprocess.run(command, cwd=group.module, env=env, capture_output=True, text=True,
                           check=False)
     if proc.returncode != 0:
-        raise BuildError(f"{' '.join(command)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+        tail = (proc.stdout + proc.stderr)[-4000:]
+        if group.optional:
+            raise BuildError(
+                f"the optional add-on {group.name} ({group.module.name}/go.mod) did not build "
+                f"(fix: pin a version that builds there, docs/cluster.md; or KUEUE=0 to run "
+                f"the cluster without it): {' '.join(command)} failed:\n{tail}")
+        raise BuildError(f"{' '.join(command)} failed:\n{tail}")
     for name, pkg in group.packages:  # go build -o DIR names a binary after its package
         built = tmp / (Path(pkg).name if pkg != "." else group.name)
         if not (tmp / name).exists() and built.exists():
@@ -172,10 +183,14 @@ def binary(name: str) -> Path | None:
     return None
 
 
+def wanted_groups() -> tuple[Group, ...]:
+    return tuple(g for g in GROUPS if not g.optional or kueue_wanted())
+
+
 def build_all(versions: Versions) -> dict[str, Path]:
     """Binary name -> path, for every component."""
     binaries: dict[str, Path] = {}
-    for group in GROUPS:
+    for group in wanted_groups():
         folder = build(group, versions)
         binaries.update({name: folder / name for name, _ in group.packages})
     return binaries

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.cluster import actions, builds, components, netns, nodes, procs
+from tools.cluster import actions, builds, components, layout, netns, nodes, procs
 from tools.cluster.actions import log
 from tools.cluster.layout import (
     API_PORT,
@@ -80,7 +80,8 @@ def up(paths: Paths, count: int = 1) -> None:
     log(f"Kubernetes {versions.kubernetes}, etcd {versions.etcd}, CoreDNS {versions.coredns}, "
         f"local-path-provisioner {versions.local_path}, training operator "
         f"{versions.training_operator}, Kubeflow Trainer {versions.trainer}, JobSet "
-        f"{versions.jobset}, prometheus-operator {versions.prometheus_operator}")
+        f"{versions.jobset}, prometheus-operator {versions.prometheus_operator}, Kueue "
+        f"{versions.kueue if layout.kueue_wanted() else '(left out: KUEUE=0)'}")
     state = actions.Up(paths, versions, count)
     for action in actions.ACTIONS:
         started = time.monotonic()

@@ -22,6 +22,7 @@ TRAINING_OPERATOR_MODULE = HERE / "training-operator"
 TRAINER_V2_MODULE = HERE / "trainer-v2-operator"  # Kubeflow Trainer v2 and JobSet
 PROMETHEUS_OPERATOR_MODULE = HERE / "prometheus-operator"  # and its config reloader
 PROMETHEUS_MODULE = HERE / "prometheus"
+KUEUE_MODULE = HERE / "kueue"  # an optional add-on (docs/queues.md)
 
 # The node's address: an interface of its own (a bridge with no ports), so the node, the
 # registry and the cluster DNS have one address that pods reach through the CNI bridge's
@@ -80,6 +81,12 @@ NODES = (
 """Every node the cluster can have, in order: `up --nodes N` starts the first N."""
 
 
+def kueue_wanted() -> bool:
+    """Kueue is the one optional add-on: `KUEUE=0 make cluster-up` runs the cluster without it
+    (its build, objects and process), e.g. while a Kueue pin does not build (docs/cluster.md)."""
+    return os.environ.get("KUEUE", "1") != "0"
+
+
 def _require(gomod: Path, module: str) -> str:
     found = re.search(rf"^\s*(?:require\s+)?{re.escape(module)} (v\S+)", gomod.read_text(), re.M)
     if found is None:
@@ -98,6 +105,7 @@ class Versions:
     jobset: str
     prometheus_operator: str
     prometheus: str  # its Go module's version: v0.313.0 is Prometheus v3.13.0
+    kueue: str
 
     @classmethod
     def read(cls) -> Versions:
@@ -114,7 +122,8 @@ class Versions:
                        PROMETHEUS_OPERATOR_MODULE / "go.mod",
                        "github.com/prometheus-operator/prometheus-operator"),
                    prometheus=_require(PROMETHEUS_MODULE / "go.mod",
-                                       "github.com/prometheus/prometheus"))
+                                       "github.com/prometheus/prometheus"),
+                   kueue=_require(KUEUE_MODULE / "go.mod", "sigs.k8s.io/kueue"))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-from trainer.jobs import logs, prom, render
+from trainer.jobs import logs, prom, queue, render
 from trainer.jobs.arguments import check_namespace, parse_duration
 from trainer.jobs.errors import (
     EXIT_FAILED,
@@ -85,7 +85,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         where = "any namespace" if args.all_namespaces else f"namespace {cluster.namespace!r}"
         print(f"No {' or '.join(k.plural for k in kinds)} in {where}.", file=sys.stderr)
         return 0
-    print(render.job_table(jobs, all_namespaces=args.all_namespaces, kinds=len(kinds) > 1))
+    with cluster.errors("list the Kueue workloads (workloads.kueue.x-k8s.io)"):
+        queued = queue.admissions(cluster, jobs, args.all_namespaces)
+    print(render.job_table(jobs, all_namespaces=args.all_namespaces, kinds=len(kinds) > 1,
+                           admissions={key: a for key, (a, _) in queued.items()}))
     return 0
 
 
@@ -105,8 +108,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
     kind, job = find_job(cluster, args.name, requested(args))
     pods = get_pods(cluster, kind, job)
+    with cluster.errors("list the Kueue workloads (workloads.kueue.x-k8s.io)"):
+        queued, since = queue.admissions(cluster, [job]).get(
+            (job.namespace, job.name, job.kind), (None, None))
     print(render.job_status(with_pod_counts(job, pods), pods,
-                            job_events(cluster, kind, job, pods)))
+                            job_events(cluster, kind, job, pods), queued, since))
     if args.prometheus:
         sys.stdout.flush()
         metrics = prom.job_metrics(

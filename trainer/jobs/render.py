@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from trainer.errors import HUNG_AGAIN_EXIT, HUNG_EXIT
 from trainer.jobs.events import EventView
+from trainer.jobs.queue import Admission
 from trainer.jobs.views import JobView, PodView
 
 
@@ -44,10 +45,15 @@ def duration(seconds: float) -> str:
     return f"{days}d{hours}h" if hours else f"{days}d"
 
 
-def job_table(jobs: Sequence[JobView], all_namespaces: bool, kinds: bool = False) -> str:
+def job_table(jobs: Sequence[JobView], all_namespaces: bool, kinds: bool = False,
+              admissions: dict[tuple[str, str, str], Admission] | None = None) -> str:
     """kubectl-style table; a KIND column when more than one kind is listed. A TrainJob whose
-    node count its runtime decides shows "?" as the desired replicas."""
+    node count its runtime decides shows "?" as the desired replicas. QUEUE and ADMISSION
+    columns when a job names a Kueue queue (`admissions` by namespace, name, kind)."""
+    queued = any(job.queue for job in jobs)
     header = ["NAME", "STATE", "AGE", "REPLICAS", "GPUS"]
+    if queued:
+        header += ["QUEUE", "ADMISSION"]
     if kinds:
         header.insert(1, "KIND")
     if all_namespaces:
@@ -56,6 +62,9 @@ def job_table(jobs: Sequence[JobView], all_namespaces: bool, kinds: bool = False
     for job in jobs:
         desired = str(job.desired) if job.desired else "?"
         row = [job.name, job.state, age(job.created), f"{job.active}/{desired}", str(job.gpus)]
+        if queued:
+            found = (admissions or {}).get((job.namespace, job.name, job.kind))
+            row += [job.queue or "-", found.state if found and job.queue else "-"]
         if kinds:
             row.insert(1, job.kind)
         if all_namespaces:
@@ -79,8 +88,26 @@ def trainer_status(job: JobView, now: dt.datetime | None = None) -> list[str]:
     return lines
 
 
+def queue_lines(job: JobView, queued: Admission | None,
+                since: dt.datetime | None = None) -> list[str]:
+    """The job's Kueue queue and what Kueue says of it; nothing for a job without a queue."""
+    if not job.queue:
+        return []
+    priority = f" (priority class {job.priority_class})" if job.priority_class else ""
+    lines = [f"Queue:       {job.queue}{priority}"]
+    if queued is not None:
+        waited = f" for {age(since)}" if since is not None and queued.state in (
+            "Pending", "Preempted", "Evicted") else ""
+        lines.append(f"Admission:   {queued.state}{waited}: {queued.detail}")
+        if queued.workload:
+            lines.append(f"Workload:    {queued.workload} (kubectl describe workload "
+                         f"{queued.workload} -n {job.namespace})")
+    return lines
+
+
 def job_status(job: JobView, pods: Sequence[PodView],
-               events: Sequence[EventView] | str = ()) -> str:
+               events: Sequence[EventView] | str = (), queued: Admission | None = None,
+               queued_since: dt.datetime | None = None) -> str:
     lines = [
         f"Name:        {job.name}",
         f"Kind:        {job.kind}",
@@ -91,6 +118,7 @@ def job_status(job: JobView, pods: Sequence[PodView],
         f"GPUs:        {job.gpus}",
     ]
     lines.append(f"Ranks/pod:   {job.ranks_per_pod}")
+    lines += queue_lines(job, queued, queued_since)
     if job.kind == "TrainJob":
         lines.append(f"Runtime:     {job.runtime}")
         lines += trainer_status(job)

@@ -74,6 +74,8 @@ class JobView:
     kind: str = PYTORCHJOB.name
     runtime: str = ""  # TrainJob: "ClusterTrainingRuntime/torch-distributed"
     trainer_status: TrainerStatusView | None = None
+    queue: str = ""  # the kueue.x-k8s.io/queue-name label: Kueue's LocalQueue
+    priority_class: str = ""  # kueue.x-k8s.io/priority-class
 
     @property
     def state(self) -> str:
@@ -205,10 +207,16 @@ def job_view(obj: dict[str, Any]) -> JobView:
         namespace=str(meta.get("namespace") or ""),
         created=aware(meta.get("creationTimestamp")),
         suspended=bool(_map(spec.get("runPolicy")).get("suspend")),
-        conditions=_conditions(status),
+        conditions=conditions_of(status),
         replicas=tuple(replicas),
         nproc_per_node=str(nproc) if nproc is not None else None,
+        queue=_label(meta, "kueue.x-k8s.io/queue-name"),
+        priority_class=_label(meta, "kueue.x-k8s.io/priority-class"),
     )
+
+
+def _label(meta: dict[str, Any], key: str) -> str:
+    return str(_map(meta.get("labels")).get(key) or "")
 
 
 def _trainjob_view(obj: dict[str, Any]) -> JobView:
@@ -225,7 +233,7 @@ def _trainjob_view(obj: dict[str, Any]) -> JobView:
         namespace=str(meta.get("namespace") or ""),
         created=aware(meta.get("creationTimestamp")),
         suspended=bool(spec.get("suspend")),
-        conditions=_conditions(status),
+        conditions=conditions_of(status),
         # The runtime decides the node count when the TrainJob does not (0: not known here).
         replicas=(ReplicaView(type=TRAINER_RJOB, replicas=_int(nodes),
                               gpus_per_replica=_resource_gpus(resources)),),
@@ -233,6 +241,8 @@ def _trainjob_view(obj: dict[str, Any]) -> JobView:
         kind=TRAINJOB.name,
         runtime=f"{ref.get('kind') or 'ClusterTrainingRuntime'}/{ref.get('name', '')}",
         trainer_status=_trainer_status(_map(status.get("trainerStatus"))),
+        queue=_label(meta, "kueue.x-k8s.io/queue-name"),
+        priority_class=_label(meta, "kueue.x-k8s.io/priority-class"),
     )
 
 
@@ -250,7 +260,7 @@ def _trainer_status(raw: dict[str, Any]) -> TrainerStatusView | None:
     )
 
 
-def _conditions(status: dict[str, Any]) -> tuple[Condition, ...]:
+def conditions_of(status: dict[str, Any]) -> tuple[Condition, ...]:
     return tuple(
         Condition(
             type=str(c.get("type", "")),
