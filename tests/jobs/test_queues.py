@@ -152,6 +152,22 @@ def test_status_of_a_trainjob_evicted_by_wait_for_pods_ready_says_so(
             "waits for quota again)") in result.out
 
 
+def test_a_readmitted_job_says_how_often_it_was_evicted(queues: Callable[..., Any],
+                                                        cluster_v2: FakeCluster) -> None:
+    # Kueue v0.19 clears Evicted when it readmits a Workload; the count stays in its stats
+    again = queued(job("again", workers=1, gpus=0))
+    cluster_v2.add_job(again)
+    readmitted = workload(again, [condition("Admitted", "Admitted", "The workload is admitted",
+                                            at(6))], cluster_queue="team-a-cpu")
+    readmitted["status"]["schedulingStats"] = {"evictions": [
+        {"count": 2, "reason": "PodsReadyTimeout", "underlyingCause": "WaitForStart"}]}
+    cluster_v2.add(WORKLOADS, readmitted)
+    result = queues("status", "again")
+    assert result.code == 0, result.err
+    assert ("Admission:   Admitted: in ClusterQueue team-a-cpu (evicted before: 2 x "
+            "PodsReadyTimeout)") in result.out, result.out
+
+
 def test_a_queued_job_without_a_workload_points_at_kueue(queues: Callable[..., Any]) -> None:
     result = queues("status", "orphan")
     assert result.code == 0, result.err

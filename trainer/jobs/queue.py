@@ -116,7 +116,7 @@ def admission(workload: dict[str, Any] | None) -> Admission:
         return found if found is not None and found.status == "True" else None
 
     def made(state: str, detail: str) -> Admission:
-        return Admission(state, detail, name, queue)
+        return Admission(state, detail + _evictions(status), name, queue)
 
     if (c := true("Finished")) is not None:
         return made("Finished", c.message or c.reason)
@@ -138,6 +138,17 @@ def admission(workload: dict[str, Any] | None) -> Admission:
     if reserved is not None and (reserved.message or reserved.reason):
         return made("Pending", reserved.message or reserved.reason)
     return made("Pending", "not yet considered by Kueue")
+
+
+def _evictions(status: dict[str, Any]) -> str:
+    """` (evicted before: 2 x PodsReadyTimeout)`: a readmitted Workload's Evicted condition is
+    gone (Kueue v0.19 keeps the history in status.schedulingStats.evictions), and a job that
+    keeps being evicted should say so while it runs again."""
+    stats = status.get("schedulingStats")
+    found = stats.get("evictions") if isinstance(stats, dict) else None
+    said = [f"{e.get('count', 0)} x {e.get('reason', '?')}" for e in found or []
+            if isinstance(e, dict) and e.get("count")]
+    return f" (evicted before: {', '.join(said)})" if said else ""
 
 
 def queued_since(workload: dict[str, Any] | None) -> dt.datetime | None:
