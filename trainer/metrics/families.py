@@ -63,9 +63,9 @@ class RunInfo:
     dataset: str
     device: str
     version: str
-    metrics: tuple[str, ...] = ()
-    """The task's metric names (trainer.components.tasks): the ``name`` label of
-    ``trainer_metric`` and ``trainer_global_metric``, created up front."""
+    metrics: tuple[str, ...] = ("accuracy",)
+    """The task's metric names (trainer.components.tasks; classification's by default): the
+    ``name`` label of ``trainer_metric`` and ``trainer_global_metric``, created up front."""
 
 
 class TrainerMetrics:
@@ -101,7 +101,7 @@ class TrainerMetrics:
         )
         self.loss = {s: loss.labels(rank, s) for s in SPLITS}
         # A task without accuracy (regression, lm) exports none: no series stuck at a false 0.
-        scores_accuracy = not info.metrics or "accuracy" in info.metrics
+        scores_accuracy = "accuracy" in info.metrics
         self.accuracy = {s: accuracy.labels(rank, s) for s in SPLITS} if scores_accuracy else {}
 
         def counter(name: str, doc: str) -> Counter:
