@@ -234,6 +234,8 @@ def test_a_mapping_with_undeclared_sums_is_one_line_naming_them() -> None:
     ((Ratio("x", "nope", "count"),), (), "uses ['nope']"),
     ((Ratio("x", "a", "count", "log"),), ("a",), "uses 'log'"),
     ((Ratio("x", "a", "count"),), ("a", "count"), "clash"),
+    ((Ratio("x" * 61, "a", "count"),), ("a",), "at most 60 characters"),
+    ((Ratio("x-y", "a", "count"),), ("a",), "letters, digits and underscores"),
 ])
 def test_a_task_declaring_unknown_sums_is_refused(ratios: tuple[Ratio, ...],
                                                    sums: tuple[str, ...], message: str) -> None:

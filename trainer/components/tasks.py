@@ -27,6 +27,10 @@ from trainer.errors import ConfigError
 TRANSFORMS = {"ratio": lambda x: x, "sqrt": math.sqrt, "exp": math.exp}
 """How a ratio becomes the reported value."""
 
+MAX_NAME = 60
+"""Longest metric name: the TrainJob's trainerStatus reports it as ``val_<name>``, kept within
+the 64 characters its strings are held to (trainer.metrics.trainjob_status.MAX_TEXT)."""
+
 BASE_SUMS = ("correct", "loss_sum")
 """Sums every step yields besides its weight: `correct` (0 for a step that scores no hits)
 and `loss_sum` (the loss weighted by the weight)."""
@@ -75,9 +79,11 @@ class Task:
                                   f"{unknown or r.transform!r}, not one of its sums "
                                   f"{list(known)} or transforms {list(TRANSFORMS)}",
                                   "declare every sum a ratio uses in Task.sums")
-        if not all(r.name.replace("_", "").isalnum() for r in self.ratios):
+        if not all(r.name.replace("_", "").isalnum() and r.name.isascii()
+                   and len(r.name) <= MAX_NAME for r in self.ratios):
             raise ConfigError(f"task {self.name!r}: metric names {self.names()} must be "
-                              "letters, digits and underscores", "rename the metric")
+                              f"ASCII letters, digits and underscores, at most {MAX_NAME} "
+                              "characters", "rename the metric")
 
     def known(self) -> tuple[str, ...]:
         """Every sum's name, in the order of the reduced vector."""
