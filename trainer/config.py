@@ -237,8 +237,10 @@ class TrainConfig:
     never a silent fallback to eager."""
     step: str = "classification"
     """The training and evaluation step: `classification` (cross-entropy on `(inputs,
-    labels)` batches, or the model's own loss on mapping batches with a `labels` key), or an
-    import path to a callable `(model, batch) -> (loss, correct, count)`."""
+    labels)` batches, or the model's own loss on mapping batches with a `labels` key; accuracy),
+    `regression` (mean squared error; MAE, RMSE), `lm` (next-token cross entropy; perplexity,
+    token accuracy), or an import path to a callable `(model, batch) -> (loss, correct,
+    count)` or a mapping of its task's named sums (docs/custom-code.md)."""
     log_every: int = field(default=10, metadata=limits(minimum=1))
     """Steps between progress lines, metric updates and the ranks' stop/divergence check (one
     device sync each); with steps faster than `log_seconds` / `log_every`, more steps."""

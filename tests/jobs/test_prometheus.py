@@ -54,6 +54,12 @@ def exporter() -> Iterator[Exporter]:
         loss.labels(rank, "val", "llm", "training", "TrainJob").set(vl)
         accuracy.labels(rank, "val", "llm", "training", "TrainJob").set(va)
     loss.labels("0", "train", "llm", "training", "PyTorchJob").set(9.0)
+    # The task's named metrics (an lm's), per rank, as the exporter publishes them.
+    named = Gauge("trainer_metric", "named", ["rank", "split", "name", "pytorchjob",
+                                              "namespace", "job_kind"], registry=registry)
+    for rank, perplexity in (("0", 11.25), ("5", 12.5)):
+        named.labels(rank, "val", "perplexity", "llm", "training", "TrainJob").set(perplexity)
+        named.labels(rank, "val", "token_accuracy", "llm", "training", "TrainJob").set(0.125)
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     stop = threading.Event()
@@ -139,3 +145,14 @@ def test_status_of_a_trainjob_shows_its_ranks_only(
     assert float(rows["5"][5]) == pytest.approx(250.0, rel=0.3)
     assert "9.0000" not in section  # the PyTorchJob of the same name
     assert "Slowest rank: 5" in section
+    named = section.split("Validation metrics (this rank's shard):")[1].splitlines()
+    assert named[1].split() == ["RANK", "PERPLEXITY", "TOKEN_ACCURACY"]
+    assert named[2].split() == ["0", "11.2500", "0.1250"]
+    assert named[3].split() == ["5", "12.5000", "0.1250"]
+
+
+def test_status_of_a_classification_job_adds_no_metrics_table(
+        ddp, prometheus: PrometheusServer) -> None:
+    result = ddp("status", "mnist", "--prometheus", prometheus.url, "--rate-window", "5s")
+    assert result.code == 0, result.err
+    assert "Validation metrics" not in result.out

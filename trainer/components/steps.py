@@ -2,8 +2,10 @@
 
 Training and evaluation call the same step, so the exact global accuracy (integer counts
 reduced over ranks, evaluation padding masked) holds for any model. A user step is any
-callable ``(model, batch) -> StepOutput | (loss, correct, count)``; ``train.step`` names it by
-import path. The default, :class:`ClassificationStep`, covers the two common conventions:
+callable ``(model, batch) -> StepOutput | (loss, correct, count) | mapping`` (a mapping of
+``loss`` and the named sums its ``task`` declares: :mod:`trainer.components.tasks`);
+``train.step`` names it by import path. The default, :class:`ClassificationStep`, covers the
+two common conventions:
 
 * ``(inputs, labels)`` batches and a model returning logits: cross-entropy, top-1 accuracy
   over dimension 1 (the class dimension of ``F.cross_entropy``);
@@ -15,8 +17,9 @@ import path. The default, :class:`ClassificationStep`, covers the two common con
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer import plugins
+from trainer.components.task_steps import CausalLMStep, RegressionStep
+from trainer.components.tasks import CLASSIFICATION, Task, task_of
 from trainer.errors import ConfigError, DataError, first_line
 
 IGNORE_INDEX = -100
@@ -58,6 +63,8 @@ class StepOutput:
     hits are counted with the interval's one read."""
     count: Tensor | int
     """Items scored (the denominator of accuracy; the weight of `loss` in evaluation)."""
+    sums: dict[str, Tensor | float | int] = field(default_factory=dict)
+    """The further sums its task declares (:class:`trainer.components.tasks.Task`), by name."""
 
 
 StepFn = Callable[[nn.Module, Any], Any]
@@ -110,14 +117,33 @@ class Tally:
         return counts_vector(self._counts, self.device).sum()
 
 
-def as_output(result: Any, where: str = "train.step") -> StepOutput:
-    """A step's return value as a StepOutput (a 3-tuple is accepted)."""
+def as_output(result: Any, where: str = "train.step", task: Task = CLASSIFICATION
+              ) -> StepOutput:
+    """A step's return value as a StepOutput (a 3-tuple, or a mapping of `loss`, the task's
+    weight, optionally `correct`, and its further sums, is accepted)."""
     if isinstance(result, StepOutput):
         return result
+    if isinstance(result, Mapping):
+        return _from_mapping(result, where, task)
     if isinstance(result, Sequence) and not isinstance(result, (str, Tensor)) and len(result) == 3:
         return StepOutput(*result)
     raise StepError(f"{where} returned a {type(result).__name__}",
-                    "return StepOutput(loss, correct, count) or a (loss, correct, count) tuple")
+                    "return StepOutput(loss, correct, count), a (loss, correct, count) tuple "
+                    "or a mapping of loss and its task's sums")
+
+
+def _from_mapping(result: Mapping[str, Any], where: str, task: Task) -> StepOutput:
+    missing = [k for k in ("loss", task.weight, *task.sums) if k not in result]
+    extra = [k for k in result if k not in ("loss", "correct", task.weight, *task.sums)]
+    if missing or extra:
+        raise StepError(f"{where} returned the keys {sorted(result)}: "
+                        + (f"{missing} missing" if missing else f"{extra} not declared")
+                        + f" by its task {task.name!r} (sums: loss, correct, {task.weight}"
+                        + "".join(f", {s}" for s in task.sums) + ")",
+                        "return exactly those keys, or declare the task's sums as the step's "
+                        "`task` attribute (trainer.components.tasks.Task)")
+    return StepOutput(result["loss"], result.get("correct", 0), result[task.weight],
+                      {k: result[k] for k in task.sums})
 
 
 def check_output(out: StepOutput, where: str = "train.step") -> None:
@@ -139,6 +165,19 @@ def check_output(out: StepOutput, where: str = "train.step") -> None:
         if not ok:
             raise StepError(f"{where} returned {name}={value!r}, not an integer",
                             f"return {name} as an int or a 0-dim integer tensor")
+    for name, value in out.sums.items():
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) or (
+            isinstance(value, Tensor) and value.dim() == 0 and value.dtype != torch.bool)
+        if not ok:
+            shown = (f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor)
+                     else repr(value))
+            raise StepError(f"{where} returned {name}={shown}, not a number",
+                            f"return {name} as a number or a 0-dim tensor (a sum over the "
+                            "batch)")
+        # One sum of nan or inf would make its metric nan or inf for the whole validation.
+        if not math.isfinite(float(value)):
+            raise StepError(f"{where} returned {name}={float(value)}, not finite",
+                            f"return {name} as a finite sum over the batch")
 
 
 def _check_top1(top1: Top1, where: str) -> None:
@@ -216,7 +255,8 @@ class ClassificationStep:
                             "build the model with num_classes outputs")
 
 
-BUILTIN_STEPS: dict[str, Callable[[], StepFn]] = {"classification": ClassificationStep}
+BUILTIN_STEPS: dict[str, Callable[[], StepFn]] = {
+    "classification": ClassificationStep, "regression": RegressionStep, "lm": CausalLMStep}
 """The built-in steps by `train.step`: the one list of their names (config.STEP_NAMES reads
 it)."""
 
@@ -238,7 +278,7 @@ def preflight(step: StepFn, model: nn.Module, batch: Any, num_classes: int | Non
             check = getattr(step, "check", None)
             if check is not None:
                 check(model, batch, num_classes)
-            out = as_output(step(model, batch))
+            out = as_output(step(model, batch), task=task_of(step))
             check_output(out)
     except (ConfigError, DataError):
         raise

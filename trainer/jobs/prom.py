@@ -3,7 +3,8 @@
 Series come from the trainer's exporter, relabelled by the chart's PodMonitor so every series
 carries ``pytorchjob`` (the job's name, of either kind), ``job_kind`` and ``namespace``:
 ``trainer_loss{rank,split}``,
-``trainer_accuracy_ratio{rank,split}`` and the counter ``trainer_samples_total{rank}``.
+``trainer_accuracy_ratio{rank,split}``, the task's metrics ``trainer_metric{rank,split,name}``
+and the counter ``trainer_samples_total{rank}``.
 Only the standard library is used: the ``k8s`` extra stays small.
 """
 
@@ -26,6 +27,8 @@ class RankMetrics:
     loss: dict[str, float] = field(default_factory=dict)  # by split: "train", "val"
     accuracy: dict[str, float] = field(default_factory=dict)
     samples_per_second: float | None = None
+    named: dict[str, float] = field(default_factory=dict)
+    """The task's validation metrics by name (mae, rmse, perplexity, ...)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ def queries(job: str, namespace: str, window: str, kind: str = "PyTorchJob") -> 
         "loss": f"max by (rank, split) (trainer_loss{{{sel}}})",
         "accuracy": f"max by (rank, split) (trainer_accuracy_ratio{{{sel}}})",
         "rate": f"sum by (rank) (rate(trainer_samples_total{{{sel}}}[{window}]))",
+        "named": f'max by (rank, name) (trainer_metric{{{sel},split="val"}})',
     }
 
 
@@ -103,13 +107,15 @@ def job_metrics(base_url: str, job: str, namespace: str, kind: str = "PyTorchJob
         get(labels.get("rank", "?")).loss[labels.get("split", "train")] = value
     for labels, value in instant_query(base_url, q["accuracy"], timeout):
         get(labels.get("rank", "?")).accuracy[labels.get("split", "train")] = value
+    for labels, value in instant_query(base_url, q["named"], timeout):
+        get(labels.get("rank", "?")).named[labels.get("name", "?")] = value
     rates = {labels.get("rank", "?"): value
              for labels, value in instant_query(base_url, q["rate"], timeout)}
     for rank in rates:
         get(rank)
     metrics = [
         RankMetrics(rank=m.rank, loss=m.loss, accuracy=m.accuracy,
-                    samples_per_second=rates.get(m.rank))
+                    samples_per_second=rates.get(m.rank), named=m.named)
         for m in by_rank.values()
     ]
     return sorted(metrics, key=lambda m: _rank_key(m.rank))
@@ -143,6 +149,14 @@ def render(metrics: list[RankMetrics], base_url: str, job: str, namespace: str,
         table(["RANK", "TRAIN-LOSS", "TRAIN-ACC", "VAL-LOSS", "VAL-ACC", "SAMPLES/S"], rows,
               indent="  ")
     )
+    # The task's metrics beyond accuracy (regression's mae/rmse, lm's perplexity, a custom
+    # step's), one column each, of each rank's shard of the last validation.
+    names = sorted({n for m in metrics for n in m.named} - {"accuracy"})
+    if names:
+        lines.append("Validation metrics (this rank's shard):")
+        lines.append(table(["RANK", *(n.upper() for n in names)],
+                           [[m.rank, *(_fmt(m.named.get(n)) for n in names)] for m in metrics],
+                           indent="  "))
     slow = slowest(metrics)
     if slow is not None:
         lines.append(

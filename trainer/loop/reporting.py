@@ -67,6 +67,8 @@ class Reporter:
         self.planned = 0
         self._bar: Any = None
         self._said_no_validation = False
+        self.accuracy = True
+        """Whether the task scores an accuracy (off for regression and lm: no false 0s)."""
 
     def start(self, planned: int, step: int, resumed_step: int | None) -> None:
         self.planned = planned
@@ -94,7 +96,6 @@ class Reporter:
         accuracy = r.correct / r.count if r.count else 0.0
         metrics: dict[str, float | Sequence[float]] = {
             "train/loss": mean_loss,
-            "train/accuracy": accuracy,
             "train/steps": float(steps),
             "train/samples": float(r.samples),
             "train/step_seconds": r.step_seconds,
@@ -106,6 +107,8 @@ class Reporter:
             "train/progress_ratio": min(1.0, r.step / self.planned) if self.planned else 1.0,
             "train/last_step_timestamp": time.time(),
         }
+        if self.accuracy:
+            metrics["train/accuracy"] = accuracy
         if self.grad_clip > 0:
             metrics["train/grad_norm"] = r.grad_norm
         if self.device.type == "cuda":
@@ -115,9 +118,11 @@ class Reporter:
         if self._bar is not None:
             self._bar.update(steps)
             self._bar.set_postfix(epoch=r.epoch, loss=f"{mean_loss:.4f}")
-        elif self.is_main:
+        elif self.is_main and self.accuracy:
             log.info("epoch %d step %d loss %.4f acc %.3f", r.epoch, r.step, mean_loss,
                      accuracy)
+        elif self.is_main:
+            log.info("epoch %d step %d loss %.4f", r.epoch, r.step, mean_loss)
 
     def saved(self, step: int) -> None:
         self.metrics.log({"checkpoint/last_timestamp": time.time()}, step)
@@ -129,12 +134,23 @@ class Reporter:
                          "loss are not reported")
             self._said_no_validation = True
             return
-        self.metrics.log({
-            "val/loss": local.loss, "val/accuracy": local.accuracy,
-            "val/correct": float(local.correct), "val/total": float(local.total),
-            "val/global_loss": glob.loss, "val/global_accuracy": glob.accuracy,
+        named = glob.metrics
+        values: dict[str, float | Sequence[float]] = {
+            "val/loss": local.loss, "val/correct": float(local.correct),
+            "val/total": float(local.total), "val/global_loss": glob.loss,
             "val/global_correct": float(glob.correct), "val/global_total": float(glob.total),
-        }, step)
-        if self.is_main:
+            **{f"val/metric/{k}": v for k, v in local.metrics.items()},
+            **{f"val/global_metric/{k}": v for k, v in named.items()},
+        }
+        if self.accuracy:
+            values.update({"val/accuracy": local.accuracy, "val/global_accuracy": glob.accuracy})
+        self.metrics.log(values, step)
+        if not self.is_main:
+            return
+        if glob.task.names() == ("accuracy",):
             log.info("epoch %d step %d validation accuracy %.4f (%d/%d) loss %.4f", epoch,
                      step, glob.accuracy, glob.correct, glob.total, glob.loss)
+        else:
+            log.info("epoch %d step %d validation %s (%d %s) loss %.4f", epoch, step,
+                     " ".join(f"{k} {v:.4f}" for k, v in named.items()), glob.total,
+                     glob.task.weight, glob.loss)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from trainer.components.compiling import compile_errors
 from trainer.components.evaluation import EvalResult, local_sums, reduce_sums, result
 from trainer.components.steps import as_output
+from trainer.components.tasks import task_of
 from trainer.components.tree import batch_len, to_device
 from trainer.config import CONFIG_VERSION, JobConfig
 from trainer.distributed.agreement import Resumed, collective
@@ -56,6 +57,9 @@ class Trainer:
         self._compiled = compile_errors if cfg.train.compile else contextlib.nullcontext
         self._validation_seconds = 0.0
         """The last validation's length: the hang watchdog allows a few times it."""
+        self.task = task_of(parts.step)
+        """What the step's outputs score (its sums and metrics)."""
+        loop.reporter.accuracy = "accuracy" in self.task.names()
 
     # -- checkpointable state ------------------------------------------------------------
     def _snapshot(self, consumed: int | None, loss_sum: float, loss_count: int
@@ -198,7 +202,7 @@ class Trainer:
                 with precision.autocast(), self._compiled():
                     beacon.enter(STEP, step)
                     interval.forward.start()
-                    out = as_output(self.parts.step(self.parts.wrapped, batch))
+                    out = as_output(self.parts.step(self.parts.wrapped, batch), task=self.task)
                     interval.forward.stop()
                 loss = out.loss
                 beacon.enter(BACKWARD, step)
@@ -246,7 +250,7 @@ class Trainer:
                      len(self.parts.val_loader) * beacon.median_step())
         self.loop.saver.before_fork(self.parts.val_loader)
         sums = local_sums(self.parts.model, self.parts.step, self.parts.val_loader,
-                          self.parts.val_valid, self.ctx.device)
+                          self.parts.val_valid, self.ctx.device, self.task)
         self._validation_seconds = time.perf_counter() - started
         beacon.enter(REDUCTION, p.step)
         if epoch_end:
@@ -254,9 +258,9 @@ class Trainer:
             sums = torch.cat([sums, torch.tensor(epoch, dtype=torch.float64, device=sums.device)])
         with collective("the validation reduction", self.cfg.dist.timeout_seconds):
             total = reduce_sums(sums, self.ctx)
-        local, glob = result(sums), result(total)
+        local, glob = result(sums, self.task), result(total, self.task)
         if epoch_end:
-            loss_sum, count = total[3:].tolist()
+            loss_sum, count = total[-2:].tolist()
             p.train_loss = loss_sum / count if count else p.train_loss
         self.loop.reporter.validation(local, glob, p.epoch, p.step)
         return glob
@@ -294,10 +298,14 @@ class Trainer:
             "steps": self.loop.progress.step, "samples": int(samples),
             "samples_per_second": samples / wall if wall > 0 else 0.0,
             "train_loss": self.loop.progress.train_loss,
-            # None: no validation split (data.val_fraction 0), not an accuracy of 0
-            "val_accuracy": ev.accuracy if ev.total else None,
+            # None: no validation split (data.val_fraction 0), or a task that scores no
+            # accuracy (regression, lm: their metrics are in val_metrics), not an accuracy of 0
+            "val_accuracy": ev.accuracy if ev.total and ev.task.weight == "count"
+            and "accuracy" in ev.task.names() else None,
             "val_correct": ev.correct, "val_total": ev.total,
             "val_loss": ev.loss if ev.total else None,
+            # The task's metrics by name ({"accuracy": ...} for classification)
+            "val_metrics": ev.metrics if ev.total else {},
             "wall_seconds": wall, "global_batch": self.loop.plan.global_batch,
             "resumed_from_step": self.resumed_step,
             **({"class_names": list(names)} if names else {}),

@@ -63,6 +63,9 @@ class RunInfo:
     dataset: str
     device: str
     version: str
+    metrics: tuple[str, ...] = ("accuracy",)
+    """The task's metric names (trainer.components.tasks; classification's by default): the
+    ``name`` label of ``trainer_metric`` and ``trainer_global_metric``, created up front."""
 
 
 class TrainerMetrics:
@@ -97,7 +100,9 @@ class TrainerMetrics:
             multiprocess_mode="mostrecent",
         )
         self.loss = {s: loss.labels(rank, s) for s in SPLITS}
-        self.accuracy = {s: accuracy.labels(rank, s) for s in SPLITS}
+        # A task without accuracy (regression, lm) exports none: no series stuck at a false 0.
+        scores_accuracy = "accuracy" in info.metrics
+        self.accuracy = {s: accuracy.labels(rank, s) for s in SPLITS} if scores_accuracy else {}
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, ["rank"], registry=registry).labels(rank)
@@ -191,6 +196,7 @@ class TrainerMetrics:
                 registry=registry,
                 multiprocess_mode="mostrecent",
             ).labels(rank, "val")
+        if is_rank0 and scores_accuracy:
             self.global_accuracy = Gauge(
                 "trainer_global_accuracy_ratio",
                 "Exact accuracy (0-1) of the last validation over the whole validation set "
@@ -199,6 +205,29 @@ class TrainerMetrics:
                 registry=registry,
                 multiprocess_mode="mostrecent",
             ).labels(rank, "val")
+
+        # The task's named metrics (MAE, RMSE, perplexity, ...; accuracy too): one series per
+        # declared name, so a panel or an alert finds them all from start-up.
+        named_family = Gauge(
+            "trainer_metric",
+            "A metric the task declares (label name: accuracy, mae, rmse, perplexity, "
+            "token_accuracy, or a custom step's), of this rank's shard of the last validation.",
+            ["rank", "split", "name"],
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        self.named = {n: named_family.labels(rank, "val", n) for n in info.metrics}
+        self.global_named: dict[str, Gauge] = {}
+        if is_rank0:
+            global_family = Gauge(
+                "trainer_global_metric",
+                "A metric the task declares, exact over the whole validation set of the last "
+                "validation (rank 0 only).",
+                ["rank", "split", "name"],
+                registry=registry,
+                multiprocess_mode="mostrecent",
+            )
+            self.global_named = {n: global_family.labels(rank, "val", n) for n in info.metrics}
 
         self.cuda_allocated: Gauge | None = None
         self.cuda_max_allocated: Gauge | None = None
@@ -229,6 +258,8 @@ class TrainerMetrics:
             self.global_accuracy,
             self.cuda_allocated,
             self.cuda_max_allocated,
+            *self.named.values(),
+            *self.global_named.values(),
         )
         for g in zeroed:
             if g is not None:
@@ -240,7 +271,6 @@ class TrainerMetrics:
         self._restarts_seen = 0.0
         self._handlers: dict[str, Callable[[MetricValue], None]] = {
             "train/loss": self._setter(self.loss["train"]),
-            "train/accuracy": self._setter(self.accuracy["train"]),
             "train/steps": self._incrementer(self.steps),
             "train/samples": self._incrementer(self.samples),
             "train/step_seconds": self._observe_steps,
@@ -253,7 +283,6 @@ class TrainerMetrics:
             "train/progress_ratio": self._setter(self.progress),
             "train/last_step_timestamp": self._setter(self.last_step),
             "val/loss": self._setter(self.loss["val"]),
-            "val/accuracy": self._setter(self.accuracy["val"]),
             "run/restarts": self._set_restarts,
             "run/resumed_step": self._setter(self.resumed_step),
         }
@@ -261,12 +290,18 @@ class TrainerMetrics:
             "checkpoint/last_timestamp": self.last_checkpoint,
             "val/global_loss": self.global_loss,
             "val/global_accuracy": self.global_accuracy,
+            "train/accuracy": self.accuracy.get("train"),
+            "val/accuracy": self.accuracy.get("val"),
             "cuda/memory_allocated_bytes": self.cuda_allocated,
             "cuda/max_memory_allocated_bytes": self.cuda_max_allocated,
         }
         for key, target in optional.items():
             if target is not None:
                 self._handlers[key] = self._setter(target)
+        for name, child in self.named.items():
+            self._handlers[f"val/metric/{name}"] = self._setter(child)
+        for name, child in self.global_named.items():
+            self._handlers[f"val/global_metric/{name}"] = self._setter(child)
         self.phases = PhaseMetrics(registry, rank)
         self._handlers.update(self.phases.handlers(self._scalar))
 

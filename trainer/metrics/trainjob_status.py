@@ -65,6 +65,8 @@ REPORTED = {
     "train/lr": "learning_rate",
     "train/epoch": "epoch",
 }
+NAMED = "val/global_metric/"
+"""Prefix of the task's exact validation metrics (reported as val_<name>)."""
 # Keys that change what is reported (run/restarts at start-up alone is not worth a request).
 TRIGGERS = (*REPORTED, "train/progress_ratio", "train/samples", "run/completed")
 
@@ -175,6 +177,10 @@ class StatusTracker:
             value = metrics.get(key)
             if isinstance(value, int | float):
                 self.values[name] = float(value)
+        for key, value in metrics.items():
+            # The task's metrics (val_mae, val_perplexity, ...; val_accuracy is one already).
+            if key.startswith(NAMED) and isinstance(value, int | float):
+                self.values["val_" + key[len(NAMED):]] = float(value)
         ratio = metrics.get("train/progress_ratio")
         if isinstance(ratio, int | float) and math.isfinite(ratio):
             self.ratio = min(max(float(ratio), 0.0), 1.0)

@@ -21,6 +21,7 @@ from trainer.components.compiling import check_available
 from trainer.components.evaluation import evaluate
 from trainer.components.precision import Precision
 from trainer.components.steps import StepFn
+from trainer.components.tasks import task_of
 from trainer.config import JobConfig, saved_config
 from trainer.config_load import merge, validate
 from trainer.data.loaders import eval_loader, worker_options
@@ -43,7 +44,8 @@ def run_info(cfg: JobConfig, ctx: DistContext, workload: Workload) -> RunInfo:
     return RunInfo(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size,
                    local_world_size=ctx.local_world_size, backend=ctx.backend,
                    strategy=cfg.train.strategy, model=workload.model_name,
-                   dataset=workload.splits.name, device=ctx.device.type, version=__version__)
+                   dataset=workload.splits.name, device=ctx.device.type, version=__version__,
+                   metrics=task_of(workload.step).names())
 
 
 def restart_count(starts: int | None) -> int:
@@ -104,13 +106,18 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         rank.completed = True
         if ctx.is_main:
             path = write_json(cfg.output.dir, "summary.json", summary)
-            accuracy = summary["val_accuracy"]
-            log.info("done: %d steps, %.0f samples/s, train loss %.4f, val accuracy %s "
-                     "(%d/%d) -> %s", summary["steps"], summary["samples_per_second"],
+            accuracy, named = summary["val_accuracy"], summary["val_metrics"]
+            # Classification's line as it was; another task names its own metrics.
+            scored = ("val accuracy " + ("none" if accuracy is None else f"{accuracy:.4f}")
+                      + f" ({summary['val_correct']}/{summary['val_total']})"
+                      if accuracy is not None or not named else
+                      "val " + " ".join(f"{k} {v:.4f}" for k, v in named.items())
+                      + f" ({summary['val_total']} scored)")
+            log.info("done: %d steps, %.0f samples/s, train loss %.4f, %s -> %s",
+                     summary["steps"], summary["samples_per_second"],
                      # None (no step this run) prints nan; a loss of exactly 0.0 prints 0.0000
                      float("nan") if summary["train_loss"] is None else summary["train_loss"],
-                     "none" if accuracy is None else f"{accuracy:.4f}",
-                     summary["val_correct"], summary["val_total"], path)
+                     scored, path)
             if cfg.output.export:
                 export_run(cfg, workload.model, num_classes=workload.splits.num_classes,
                            sample_shape=workload.splits.sample_shape,
@@ -156,12 +163,21 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
         with collective("the evaluation reduction", cfg.dist.timeout_seconds):
             _, result = evaluate(workload.model.to(ctx.device), workload.step, loader,
                                  num_valid, ctx)
-        report = {"accuracy": result.accuracy, "correct": result.correct, "total": result.total,
-                  "loss": result.loss, "world_size": ctx.world_size, "checkpoint": str(path),
+        # null for a task without accuracy (regression, lm): its metrics are in `metrics`
+        scores_accuracy = "accuracy" in result.task.names()
+        report = {"accuracy": result.accuracy if scores_accuracy else None,
+                  "correct": result.correct, "total": result.total, "loss": result.loss,
+                  "metrics": result.metrics, "world_size": ctx.world_size, "checkpoint": str(path),
                   "dataset": cfg.data.dataset}
         if ctx.is_main:
             out = write_json(output_dir, "eval.json", report)
-            print(f"accuracy {result.accuracy!r} ({result.correct}/{result.total}) -> {out}")
+            named = result.metrics
+            # Classification's line as it was; another task names its own metrics.
+            scored = (f"accuracy {result.accuracy!r} ({result.correct}/{result.total})"
+                      if result.task.names() == ("accuracy",) else
+                      " ".join(f"{k} {v!r}" for k, v in named.items())
+                      + f" ({result.total} {result.task.weight})")
+            print(f"{scored} -> {out}")
         rank.completed = True
         return report
 
