@@ -4,10 +4,16 @@ checkpoints that resume on another world size and score with evaluate, refusals.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from conftest import read_json, run_cli
+from torch import nn
+
+from trainer.components import models
+from trainer.components.sharding import block_classes
+from trainer.errors import ConfigError
 
 COMMON = ["--dataset", "digits", "--batch-size", "12", "--epochs", "2", "--metrics-port", "0",
           # clipped on every step (the digits MLP's norm is about 1): a norm computed over one
@@ -27,7 +33,14 @@ def test_fsdp_trains_as_ddp_does_with_accumulation_and_clipping(tmp_path: Path) 
                        "--output-dir", str(tmp_path / strategy))
         assert proc.returncode == 0, proc.stderr
         runs[strategy] = read_json(tmp_path / strategy / "summary.json")
+        if strategy == "fsdp":
+            held = re.search(r"parameters held per rank: (\d+) \+ (\d+) of (\d+)",
+                             proc.stderr)
+            assert held, proc.stderr
     ddp, fsdp = runs["ddp"], runs["fsdp"]
+    # Each rank holds its half of every unit (dim-0 slices: one row apart at most per unit).
+    first, second, total = (int(n) for n in held.groups())
+    assert first + second == total and abs(first - second) <= 0.02 * total
     assert fsdp["steps"] == ddp["steps"] and fsdp["global_batch"] == 48
     # Equal up to float rounding (sharded reduce-scatter vs all-reduce, foreach vs fused AdamW).
     assert step_losses(tmp_path / "fsdp") == pytest.approx(step_losses(tmp_path / "ddp"),
@@ -37,27 +50,32 @@ def test_fsdp_trains_as_ddp_does_with_accumulation_and_clipping(tmp_path: Path) 
     assert fsdp["val_accuracy"] > 0.5
 
 
-def test_fsdp_checkpoint_resumes_on_three_ranks_and_scores_with_evaluate(
+def test_checkpoints_resume_across_strategies_and_world_sizes_and_score_with_evaluate(
         tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     full = run_cli("run", "--nproc-per-node", "2", "--strategy", "fsdp", *COMMON,
                    "--output-dir", str(tmp_path / "full"))
     assert full.returncode == 0, full.stderr
-    first = run_cli("run", "--nproc-per-node", "2", "--strategy", "fsdp", *COMMON,
-                    "--max-steps", "17", "--checkpoint-every", "5", "--output-dir",
-                    str(tmp_path / "a"), "--checkpoint-dir", str(ckpt))
-    assert first.returncode == 0, first.stderr
-    second = run_cli("run", "--nproc-per-node", "3", "--strategy", "fsdp", *COMMON,
-                     "--output-dir", str(tmp_path / "b"), "--checkpoint-dir", str(ckpt))
-    assert second.returncode == 0, second.stderr
-    assert "resumed from ckpt-000000017.pt: step 17" in second.stderr
+    # ddp on 2 ranks -> fsdp on 3 -> fsdp on 2 -> ddp on 2: one checkpoint format
+    legs = [("ddp", "2", "12"), ("fsdp", "3", "24"), ("fsdp", "2", "36"), ("ddp", "2", "0")]
+    resumed_from = None
+    for leg, (strategy, nproc, max_steps) in enumerate(legs):
+        proc = run_cli("run", "--nproc-per-node", nproc, "--strategy", strategy, *COMMON,
+                       "--max-steps", max_steps, "--checkpoint-every", "5",
+                       "--output-dir", str(tmp_path / str(leg)), "--checkpoint-dir", str(ckpt))
+        assert proc.returncode == 0, proc.stderr
+        if resumed_from is not None:
+            assert f"resumed from ckpt-{resumed_from:09d}.pt: step {resumed_from}" in proc.stderr
+        resumed_from = int(max_steps)
     # 48 = 8 per rank x 3 ranks x 2 accumulation steps: the global batch is kept exactly
-    assert "world size changed 2 -> 3: keeping the global batch 48" in second.stderr
-    resumed, uninterrupted = (read_json(tmp_path / d / "summary.json") for d in ("b", "full"))
-    assert resumed["world_size"] == 3 and resumed["resumed_from_step"] == 17
+    leg1 = read_json(tmp_path / "1" / "summary.json")
+    assert leg1["world_size"] == 3 and leg1["global_batch"] == 48
+    resumed, uninterrupted = (read_json(tmp_path / d / "summary.json") for d in ("3", "full"))
+    assert resumed["resumed_from_step"] == 36
     assert resumed["global_batch"] == uninterrupted["global_batch"] == 48
     assert resumed["steps"] == uninterrupted["steps"]
     assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-3)
+    assert abs(resumed["val_correct"] - uninterrupted["val_correct"]) <= 1
     scored = run_cli("evaluate", "--checkpoint", str(ckpt), "--output-dir",
                      str(tmp_path / "eval"))
     assert scored.returncode == 0, scored.stderr
@@ -76,3 +94,26 @@ def test_fsdp_refuses_what_it_cannot_do_with_one_line(tmp_path: Path, setting: s
                    str(tmp_path), "--metrics-port", "0")
     assert proc.returncode == 2, proc.stderr
     assert named in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_units_default_to_transformers_decoder_and_encoder_layers() -> None:
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=32,
+                                      n_positions=8, bos_token_id=0, eos_token_id=0))
+    bert = BertModel(BertConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2,
+                                intermediate_size=32, vocab_size=32))
+    assert [c.__name__ for c in block_classes(gpt2, [])] == ["GPT2Block"]
+    # BERT lists its embeddings too: their own unit
+    assert [c.__name__ for c in block_classes(bert, [])] == ["BertEmbeddings", "BertLayer"]
+
+
+def test_units_default_to_layers_for_built_in_models_and_follow_fsdp_wrap() -> None:
+    mlp = models.mlp(10, (64,))
+    assert block_classes(mlp, []) == (nn.Linear, nn.Conv2d)
+    assert block_classes(mlp, ["Sequential"]) == (nn.Sequential,)
+    assert block_classes(mlp, ["trainer.components.models:MLP"]) == (models.MLP,)
+    with pytest.raises(ConfigError, match="'Block'.*its classes: Linear, MLP, ReLU"):
+        block_classes(mlp, ["Block"])
+    with pytest.raises(ConfigError, match="'trainer.components.models:mlp' is not an nn.Module"):
+        block_classes(mlp, ["trainer.components.models:mlp"])

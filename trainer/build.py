@@ -152,7 +152,8 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
     model = workload.model.to(ctx.device)
     # DDP's constructor checks the parameters' shapes across ranks and broadcasts rank 0's
     # weights: the first collectives after the join, where a peer killed meanwhile shows.
-    with Collective("building DistributedDataParallel", cfg.dist.timeout_seconds):
+    with Collective("sharding the model (FSDP)" if t.strategy == "fsdp" else
+                    "building DistributedDataParallel", cfg.dist.timeout_seconds):
         wrapped = wrap_model(model, t.strategy, ctx, fsdp_wrap=t.fsdp_wrap,
                              precision=t.precision)
     if t.compile:

@@ -14,14 +14,18 @@ on rank 0 for a checkpoint, loaded back on any world size.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from trainer import plugins
 from trainer.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BLOCKS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 """Blocks of models without ``_no_split_modules`` (our built-in MLP, CNN and MyModel): each
@@ -48,7 +52,7 @@ def block_classes(model: nn.Module, names: list[str]) -> tuple[type[nn.Module], 
     by_name = {type(m).__name__: type(m) for m in model.modules()}
     if not names:
         no_split = getattr(model, "_no_split_modules", None) or []
-        found = tuple(by_name[n] for n in no_split if n in by_name)
+        found = tuple(by_name[n] for n in sorted(no_split) if n in by_name)
         return found or DEFAULT_BLOCKS
     classes: list[type[nn.Module]] = []
     for name in names:
@@ -77,11 +81,30 @@ def shard(model: nn.Module, names: list[str], precision: str) -> nn.Module:
     classes = block_classes(model, names)
     blocks = [m for m in model.modules() if m is not model and isinstance(m, classes)
               and any(True for _ in m.parameters())]
+    # fully_shard keeps each rank's own slice of its local weights: rank 0's are broadcast
+    # first, as DDP's constructor does, so a model initialised differently per rank (a user's
+    # unseeded init) is still one model.
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.detach(), src=0)
+    names_of_blocks = sorted({type(b).__name__ for b in blocks})  # before FSDP renames them
     # Innermost first: a block nested in another is its own unit, the outer takes the rest.
     for block in reversed(blocks):
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+    held = local_numels(model)
+    log.info("fsdp: %d units (%s and the root); parameters held per rank: %s of %d",
+             len(blocks) + 1, ", ".join(names_of_blocks),
+             " + ".join(str(n) for n in held), sum(p.numel() for p in model.parameters()))
     return model
+
+
+def local_numels(model: nn.Module) -> list[int]:
+    """Each rank's number of parameter elements held after sharding (a collective)."""
+    mine = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+               for p in model.parameters())
+    held: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(held, mine)
+    return [int(n) for n in held]
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -140,8 +163,9 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer
     ranks). A collective: every rank calls it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    return get_state_dict(model, optimizer,
-                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    model_state, optimizer_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return model_state, by_index(optimizer_state)
 
 
 def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any],
@@ -151,5 +175,28 @@ def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     set_state_dict(model, optimizer, model_state_dict=model_state,
-                   optim_state_dict=optimizer_state,
+                   optim_state_dict=by_name(optimizer_state, model, optimizer),
                    options=StateDictOptions(full_state_dict=True))
+
+
+def by_index(state: dict[str, Any]) -> dict[str, Any]:
+    """A full optimizer state keyed by parameter name (torch.distributed.checkpoint's) keyed
+    by index instead, as ``Optimizer.state_dict()`` keys it: the checkpoint of an FSDP run is
+    then a DDP run's, and either resumes the other."""
+    if not state:
+        return state
+    index = {name: i for i, name in
+             enumerate(name for group in state["param_groups"] for name in group["params"])}
+    return {"state": {index[name]: value for name, value in state["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                             for group in state["param_groups"]]}
+
+
+def by_name(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+            ) -> dict[str, Any]:
+    """:func:`by_index` undone: index i names the i-th parameter of `optimizer`'s groups."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return {"state": {order[i]: value for i, value in state["state"].items()},
+            "param_groups": [{**group, "params": [order[i] for i in group["params"]]}
+                             for group in state["param_groups"]]}
