@@ -8,10 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 from conftest import read_json, run_cli
 from torch import nn
 
-from trainer.components import models
+from trainer.components import models, sharding
 from trainer.components.sharding import block_classes
 from trainer.errors import ConfigError
 
@@ -82,14 +84,17 @@ def test_checkpoints_resume_across_strategies_and_world_sizes_and_score_with_eva
     assert read_json(tmp_path / "eval" / "eval.json")["correct"] == resumed["val_correct"]
 
 
-@pytest.mark.parametrize(("setting", "named"), [
-    ("train.compile=true", "train.compile is not supported with train.strategy 'fsdp'"),
-    ("train.fsdp_wrap=[NoSuchBlock]", "train.fsdp_wrap: the model has no module of class "
-                                      "'NoSuchBlock'"),
+@pytest.mark.parametrize(("strategy", "setting", "named"), [
+    ("fsdp", "train.compile=true", "train.compile is not supported with train.strategy 'fsdp'"),
+    ("fsdp", "train.fsdp_wrap=[NoSuchBlock]", "train.fsdp_wrap: the model has no module of "
+                                              "class 'NoSuchBlock'"),
+    ("fsdp", "train.precision=fp16", "train.precision 'fp16' is not supported with "
+                                     "train.strategy 'fsdp'"),
+    ("ddp", "train.fsdp_wrap=[Linear]", "train.fsdp_wrap is set but train.strategy is 'ddp'"),
 ])
-def test_fsdp_refuses_what_it_cannot_do_with_one_line(tmp_path: Path, setting: str,
-                                                      named: str) -> None:
-    proc = run_cli("run", "--nproc-per-node", "2", "--strategy", "fsdp", "--dataset",
+def test_fsdp_refuses_what_it_cannot_do_with_one_line(tmp_path: Path, strategy: str,
+                                                      setting: str, named: str) -> None:
+    proc = run_cli("run", "--nproc-per-node", "2", "--strategy", strategy, "--dataset",
                    "synthetic", "--epochs", "1", "--set", setting, "--output-dir",
                    str(tmp_path), "--metrics-port", "0")
     assert proc.returncode == 2, proc.stderr
@@ -117,3 +122,23 @@ def test_units_default_to_layers_for_built_in_models_and_follow_fsdp_wrap() -> N
         block_classes(mlp, ["Block"])
     with pytest.raises(ConfigError, match="'trainer.components.models:mlp' is not an nn.Module"):
         block_classes(mlp, ["trainer.components.models:mlp"])
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16),
+                                                  ("fp32", torch.float32)])
+def test_units_run_on_parameters_of_the_precision_and_reduce_in_fp32(
+        precision: str, dtype: torch.dtype) -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = sharding.shard(models.mlp(10, (64,)), [], precision)
+        # no autocast here: the units' gathered parameters (and inputs) alone set the dtype
+        out = model(torch.randn(4, 64))
+        assert out.dtype == dtype
+        out.float().sum().backward()
+        # parameters and their gradients stay fp32 shards: the optimizer updates fp32
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {
+            torch.float32}
+    finally:
+        dist.destroy_process_group()

@@ -32,9 +32,13 @@ DEFAULT_BLOCKS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 layer with parameters is its own unit."""
 
 
-def check(strategy: str, precision: str, compile_: bool) -> None:
+def check(strategy: str, precision: str, compile_: bool, wrap: list[str]) -> None:
     """What FSDP cannot do here, refused before the rendezvous with one line."""
     if strategy != "fsdp":
+        if wrap:
+            raise ConfigError(f"train.fsdp_wrap is set but train.strategy is {strategy!r}: "
+                              "the classes would not be sharded",
+                              "add --strategy fsdp, or drop train.fsdp_wrap")
         return
     if precision == "fp16":
         raise ConfigError("train.precision 'fp16' is not supported with train.strategy "
