@@ -4,16 +4,21 @@ checkpoints that resume on another world size and score with evaluate, refusals.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import read_json, run_cli
+from conftest import REPO, read_json, run_cli
 from torch import nn
 
-from trainer.components import models, sharding
+from trainer.components import checkpoint, models, sharding
 from trainer.components.sharding import block_classes
 from trainer.errors import ConfigError
 
@@ -142,3 +147,32 @@ def test_units_run_on_parameters_of_the_precision_and_reduce_in_fp32(
             torch.float32}
     finally:
         dist.destroy_process_group()
+
+
+def test_sigterm_saves_the_sharded_state_where_it_stops_and_the_restart_resumes_there(
+        tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    # ~270 steps: a signal sent at the first checkpoint (step 5) lands mid-run
+    args = ["run", "--nproc-per-node", "2", "--strategy", "fsdp", "--dataset", "digits",
+            "--batch-size", "8", "--epochs", "6", "--checkpoint-every", "5", "--metrics-port",
+            "0", "--set", "train.grad_accum_steps=2", "--output-dir", str(tmp_path),
+            "--checkpoint-dir", str(ckpt)]
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not checkpoint.list_checkpoints(ckpt):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    stopped_at = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0])
+    assert checkpoint.list_checkpoints(ckpt)[0].name == f"ckpt-{stopped_at:09d}.pt"
+    again = run_cli(*args, "--max-steps", str(stopped_at + 5))
+    assert again.returncode == 0, again.stderr
+    summary = read_json(tmp_path / "summary.json")
+    assert summary["resumed_from_step"] == stopped_at and summary["steps"] == stopped_at + 5
