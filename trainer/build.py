@@ -131,11 +131,10 @@ def check_strategy(strategy: str, ctx: DistContext) -> None:
                           "use --strategy ddp with several ranks")
 
 
-def wrap_model(model: nn.Module, strategy: str, ctx: DistContext, *,
-               fsdp_wrap: list[str] | None = None, precision: str = "fp32") -> nn.Module:
+def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
+    """DDP or DataParallel around `model` (fsdp: see :func:`sharding.shard`); `model` alone
+    in one process."""
     check_strategy(strategy, ctx)
-    if strategy == "fsdp" and ctx.initialized:
-        return sharding.shard(model, fsdp_wrap or [], precision)
     if strategy == "dp":
         warnings.warn("DataParallel is single-process and re-scatters the model every step; "
                       "DistributedDataParallel (--strategy ddp) is recommended", stacklevel=2)
@@ -154,8 +153,9 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
     # weights: the first collectives after the join, where a peer killed meanwhile shows.
     with Collective("sharding the model (FSDP)" if t.strategy == "fsdp" else
                     "building DistributedDataParallel", cfg.dist.timeout_seconds):
-        wrapped = wrap_model(model, t.strategy, ctx, fsdp_wrap=t.fsdp_wrap,
-                             precision=t.precision)
+        wrapped = (sharding.shard(model, t.fsdp_wrap, t.precision)
+                   if t.strategy == "fsdp" and ctx.initialized else
+                   wrap_model(model, t.strategy, ctx))
     if t.compile:
         # DDP first, then compile: dynamo's DDPOptimizer splits the graph at DDP's buckets so
         # communication still overlaps the backward pass.
