@@ -176,3 +176,30 @@ def test_sigterm_saves_the_sharded_state_where_it_stops_and_the_restart_resumes_
     assert again.returncode == 0, again.stderr
     summary = read_json(tmp_path / "summary.json")
     assert summary["resumed_from_step"] == stopped_at and summary["steps"] == stopped_at + 5
+
+
+def test_validation_leaves_training_resharding_as_it_was() -> None:
+    from torch.distributed.tensor import DTensor
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = sharding.shard(nn.Sequential(nn.Linear(8, 4), nn.ReLU(),
+                                             nn.Sequential(nn.Linear(4, 2))), ["Sequential"],
+                               "fp32")
+
+        def after_a_training_forward() -> tuple[bool, bool]:
+            out = model(torch.randn(3, 8))
+            # unsharded parameters are plain tensors: the root's kept for the backward pass,
+            # the unit's freed until then
+            kept = (not isinstance(model[0].weight, DTensor),
+                    not isinstance(model[2][0].weight, DTensor))
+            out.sum().backward()
+            return kept
+
+        assert after_a_training_forward() == (True, False)
+        with sharding.full_params(model):
+            model(torch.randn(3, 8))
+        assert after_a_training_forward() == (True, False)
+    finally:
+        dist.destroy_process_group()

@@ -157,7 +157,9 @@ def full_params(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         for unit in units:
-            unit.set_reshard_after_forward(True, recurse=False)
+            # Training's setting back: the root keeps its parameters from forward to backward
+            # (FSDP's own choice for it), every other unit reshards after its forward.
+            unit.set_reshard_after_forward(unit is not model, recurse=False)
             unit.reshard()
 
 
