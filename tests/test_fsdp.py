@@ -203,3 +203,20 @@ def test_validation_leaves_training_resharding_as_it_was() -> None:
         assert after_a_training_forward() == (True, False)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_transformers_model_is_sharded_by_its_layers_and_trains_as_ddp_does(
+        tmp_path: Path) -> None:
+    example = REPO / "examples" / "mytask"
+    env = {"PYTHONPATH": f"{REPO}:{example}"}
+    for strategy in ("ddp", "fsdp"):
+        proc = run_cli("run", "--nproc-per-node", "2", "--config", str(example / "text.yaml"),
+                       "--strategy", strategy, "--max-steps", "15", "--metrics-port", "0",
+                       "--set", "train.grad_accum_steps=2", "--set", "optim.grad_clip=0.5",
+                       "--output-dir", str(tmp_path / strategy), env=env)
+        assert proc.returncode == 0, proc.stderr
+    # the default units: BERT's _no_split_modules, half of the 28,386 parameters per rank
+    assert ("fsdp: 4 units (BertEmbeddings, BertLayer and the root); parameters held per "
+            "rank: 14193 + 14193 of 28386") in proc.stderr
+    assert step_losses(tmp_path / "fsdp") == pytest.approx(step_losses(tmp_path / "ddp"),
+                                                           rel=1e-5)
