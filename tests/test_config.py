@@ -73,7 +73,7 @@ def test_int_is_accepted_for_float_fields() -> None:
     ({"model": {"name": "resnet"}}, "model.name"),
     ({"data": {"dataset": "imagenet"}}, "data.dataset"),
     ({"metrics": {"port": 70000}}, "metrics.port"),
-    ({"train": {"strategy": "fsdp"}}, "train.strategy"),
+    ({"train": {"strategy": "zero3"}}, "train.strategy"),
     ({"data": {"worker_start": "vfork"}}, "data.worker_start"),
 ])
 def test_invalid_values_fail_validation_naming_the_field(override: dict, field: str) -> None:

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from trainer import data, plugins
-from trainer.components import models, steps
+from trainer.components import models, sharding, steps
 from trainer.components.optim import Schedule, build_optimizer
 from trainer.components.precision import Precision
 from trainer.components.steps import StepFn
@@ -132,6 +132,8 @@ def check_strategy(strategy: str, ctx: DistContext) -> None:
 
 
 def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
+    """DDP or DataParallel around `model` (fsdp: see :func:`sharding.shard`); `model` alone
+    in one process."""
     check_strategy(strategy, ctx)
     if strategy == "dp":
         warnings.warn("DataParallel is single-process and re-scatters the model every step; "
@@ -149,8 +151,11 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
     model = workload.model.to(ctx.device)
     # DDP's constructor checks the parameters' shapes across ranks and broadcasts rank 0's
     # weights: the first collectives after the join, where a peer killed meanwhile shows.
-    with Collective("building DistributedDataParallel", cfg.dist.timeout_seconds):
-        wrapped = wrap_model(model, t.strategy, ctx)
+    with Collective("sharding the model (FSDP)" if t.strategy == "fsdp" else
+                    "building DistributedDataParallel", cfg.dist.timeout_seconds):
+        wrapped = (sharding.shard(model, t.fsdp_wrap, t.precision)
+                   if t.strategy == "fsdp" and ctx.initialized else
+                   wrap_model(model, t.strategy, ctx))
     if t.compile:
         # DDP first, then compile: dynamo's DDPOptimizer splits the graph at DDP's buckets so
         # communication still overlaps the backward pass.
@@ -188,6 +193,9 @@ def build_loop(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: Met
                         Path(cfg.output.dir) / "steps.jsonl" if cfg.output.step_log else None,
                         cfg.optim.grad_clip)
     progress = Progress()
+    grad_comm: contextlib.AbstractContextManager[None] = (
+        Collective("the gradient all-reduce", cfg.dist.timeout_seconds)
+        if ctx.initialized else contextlib.nullcontext())
     return LoopParts(
         plan=BatchPlan(t.batch_size, t.grad_accum_steps, ctx.world_size),
         precision=Precision(t.precision, ctx.device),
@@ -195,9 +203,8 @@ def build_loop(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: Met
         policies=Policies(progress, saver, agreement, reporter, Interval(ctx.device),
                           parts.optimizer, ctx.rank),
         zero_grad=grad_zeroing(parts.optimizer),
-        ddp=ddp_inside(parts.wrapped),
-        grad_comm=(Collective("the gradient all-reduce", cfg.dist.timeout_seconds)
-                   if ctx.initialized else contextlib.nullcontext()),
+        no_sync=no_sync_of(parts.wrapped, grad_comm),
+        grad_comm=grad_comm,
         beacon=Beacon(),
     )
 
@@ -209,6 +216,17 @@ def build_trainer(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: 
     checkpoints record)."""
     loop = build_loop(cfg, ctx, parts, metrics, stop or StopFlag())
     return Trainer(cfg, ctx, parts, loop, dict(objects or {}))
+
+
+def no_sync_of(wrapped: nn.Module, grad_comm: contextlib.AbstractContextManager[None]
+               ) -> Callable[[], contextlib.AbstractContextManager[None]] | None:
+    """What the non-final micro-batches of an accumulation run under: DDP's no_sync(),
+    FSDP2's gradient sync turned off, or None (nothing is synced in the backward pass)."""
+    if (ddp := ddp_inside(wrapped)) is not None:
+        return ddp.no_sync
+    if sharding.is_sharded(wrapped):
+        return lambda: sharding.no_sync(wrapped, grad_comm)
+    return None
 
 
 def ddp_inside(wrapped: nn.Module) -> DistributedDataParallel | None:

@@ -58,7 +58,7 @@ STEP_NAMES = Registry("trainer.components.steps:BUILTIN_STEPS")
 OPTIMIZERS = Registry("trainer.components.optim:OPTIMIZERS")
 SCHEDULES = Registry("trainer.components.optim:SCHEDULES")
 PRECISIONS = ("fp32", "bf16", "fp16")
-STRATEGIES = ("ddp", "dp")
+STRATEGIES = ("ddp", "fsdp", "dp")
 SAMPLERS = ("shuffle", "torch")
 BACKENDS = ("auto", "nccl", "gloo")
 DEVICES = ("auto", "cpu", "cuda")
@@ -220,8 +220,13 @@ class TrainConfig:
     seed: int = field(default=0, metadata=limits(minimum=0, exclusiveMaximum=2 ** (INT_BITS - 1)))
     """Seed of the data split, the shuffling and the model initialisation."""
     strategy: str = field(default="ddp", metadata=one_of(STRATEGIES))
-    """`ddp` (DistributedDataParallel, recommended) or `dp` (single-node DataParallel, as the
-    article ran it)."""
+    """`ddp` (DistributedDataParallel, recommended), `fsdp` (FSDP2: parameters, gradients and
+    optimizer state sharded over the ranks, for models larger than one device; see
+    `fsdp_wrap`) or `dp` (single-node DataParallel, as the article ran it)."""
+    fsdp_wrap: list[str] = field(default_factory=list)
+    """With `strategy: fsdp`, the module classes sharded as one unit each (class names found
+    in the model, or import paths); empty: a `transformers` model's decoder/encoder layers
+    (its `_no_split_modules`), else every Linear and Conv2d layer; the root takes the rest."""
     sampler: str = field(default="shuffle", metadata=one_of(SAMPLERS))
     """Training sampler: `shuffle` (ddp-trainer's memory-free, resumable sampler) or
     `torch` (torch.utils.data.distributed.DistributedSampler)."""

@@ -32,10 +32,14 @@ def fused_supported(model: nn.Module) -> bool:
     point, on one CPU or CUDA device. Fused, an update is one kernel instead of a few per
     parameter: for the digits MLP on a 2-core EPYC, SGD with momentum 97 -> 36 us a step, AdamW
     274 -> 73 us, without momentum 33 -> 30 us (timed 2026-12-01, torch 2.13); the results
-    differ from the per-parameter loop's by rounding only (1e-7 after 200 SGD steps)."""
+    differ from the per-parameter loop's by rounding only (1e-7 after 200 SGD steps). Not
+    FSDP's sharded parameters (DTensors: torch has no sharding rule for the fused kernels)."""
+    from torch.distributed.tensor import DTensor
+
     params = [p for p in model.parameters() if p.requires_grad]
     return bool(params) and len({p.device for p in params}) == 1 and all(
-        p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+        p.is_floating_point() and p.device.type in ("cpu", "cuda") and
+        not isinstance(p, DTensor) for p in params)
 
 
 def _sgd(cfg: OptimConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from trainer.components.optim import Schedule
@@ -35,7 +34,8 @@ class TrainParts:
     model: nn.Module
     """The unwrapped module on the device: what is checkpointed and evaluated."""
     wrapped: nn.Module
-    """What training calls: DistributedDataParallel (or DataParallel) around `model`."""
+    """What training calls: DistributedDataParallel (or DataParallel) around `model`, or,
+    under FSDP, `model` itself (sharded in place)."""
     optimizer: torch.optim.Optimizer
     step: StepFn
     train_set: IndexView
@@ -72,9 +72,9 @@ class LoopParts:
     policies: Policies
     """Applied after every optimizer step (log, agree, save)."""
     zero_grad: Callable[[], None]
-    ddp: DistributedDataParallel | None
-    """The DDP module inside the wrapped model, or None: micro-batches before the last of
-    an accumulation run under its no_sync()."""
+    no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None
+    """What micro-batches before the last of an accumulation run under (DDP's no_sync(),
+    FSDP2's gradient sync off), or None when the backward pass syncs nothing."""
     grad_comm: contextlib.AbstractContextManager[None]
     """Entered around each gradient all-reduce: a DDP backward talks to every rank, so its
     failure is a lost rank."""

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.components import sharding
 from trainer.components.compiling import compile_errors
 from trainer.components.evaluation import EvalResult, local_sums, reduce_sums, result
 from trainer.components.steps import as_output
@@ -62,13 +63,16 @@ class Trainer:
         loop.reporter.accuracy = "accuracy" in self.task.names()
 
     # -- checkpointable state ------------------------------------------------------------
-    def _snapshot(self, consumed: int | None, loss_sum: float, loss_count: int
-                  ) -> TrainingState:
+    def _snapshot(self, consumed: int | None, loss_sum: float, loss_count: int,
+                  gathered: tuple[dict[str, Any], dict[str, Any]] | None) -> TrainingState:
         """All progress; `consumed`: the epoch's global sample positions trained so far, or
-        None at an epoch boundary (a resume starts the next epoch)."""
+        None at an epoch boundary (a resume starts the next epoch); `gathered`: a sharded
+        model's full model and optimizer state."""
         p = self.loop.progress
+        model, optimizer = gathered or (self.parts.model.state_dict(),
+                                        self.parts.optimizer.state_dict())
         return TrainingState(
-            model=self.parts.model.state_dict(), optimizer=self.parts.optimizer.state_dict(),
+            model=model, optimizer=optimizer,
             epoch=p.epoch if consumed is not None else p.epoch + 1, step=p.step,
             sampler=self.parts.sampler.state_dict(consumed) if consumed is not None else None,
             epoch_loss_sum=loss_sum, epoch_loss_count=loss_count, train_loss=p.train_loss,
@@ -82,8 +86,12 @@ class Trainer:
             class_names=list(self.parts.class_names or []))
 
     def _restore(self, state: TrainingState) -> None:
-        self.parts.model.load_state_dict(state.model)
-        self.parts.optimizer.load_state_dict(state.optimizer)
+        if sharding.is_sharded(self.parts.model):
+            sharding.load_state(self.parts.model, self.parts.optimizer, state.model,
+                                state.optimizer)
+        else:
+            self.parts.model.load_state_dict(state.model)
+            self.parts.optimizer.load_state_dict(state.optimizer)
         # The curve continues as planned when the run started, whatever the world size now.
         if self.parts.schedule is not None:
             self.parts.schedule.total_steps = state.schedule_total_steps
@@ -198,7 +206,7 @@ class Trainer:
             batch = to_device(next(batches), self.ctx.device)
             interval.wait += time.perf_counter() - tw
             # Gradients are all-reduced only on the last micro-batch of an accumulation.
-            with loop.grad_comm if j == k - 1 or loop.ddp is None else loop.ddp.no_sync():
+            with loop.grad_comm if j == k - 1 or loop.no_sync is None else loop.no_sync():
                 with precision.autocast(), self._compiled():
                     beacon.enter(STEP, step)
                     interval.forward.start()
@@ -224,7 +232,8 @@ class Trainer:
         """Clip, step the optimizer at the scheduled learning rate, count a skipped step."""
         if (clip := self.cfg.optim.grad_clip) > 0:
             self.loop.precision.unscale(self.parts.optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(self.parts.model.parameters(), clip)
+            norm = sharding.plain_norm(
+                torch.nn.utils.clip_grad_norm_(self.parts.model.parameters(), clip))
             interval.grad_norm = torch.maximum(interval.grad_norm, norm.detach().double())
         if self.parts.schedule is not None:
             self.parts.schedule.apply(self.parts.optimizer, self.loop.progress.updates)
@@ -249,8 +258,9 @@ class Trainer:
         beacon.enter(VALIDATION, p.step, self._validation_seconds or
                      len(self.parts.val_loader) * beacon.median_step())
         self.loop.saver.before_fork(self.parts.val_loader)
-        sums = local_sums(self.parts.model, self.parts.step, self.parts.val_loader,
-                          self.parts.val_valid, self.ctx.device, self.task)
+        with sharding.full_params(self.parts.model):
+            sums = local_sums(self.parts.model, self.parts.step, self.parts.val_loader,
+                              self.parts.val_valid, self.ctx.device, self.task)
         self._validation_seconds = time.perf_counter() - started
         beacon.enter(REDUCTION, p.step)
         if epoch_end:
@@ -280,8 +290,12 @@ class Trainer:
         else:
             loss_sum, count = self._reduced("the epoch loss reduction",
                                             [p.epoch_loss_sum, float(p.epoch_loss_count)])
+        gathered = None
+        if sharding.is_sharded(self.parts.model):
+            with collective("gathering the sharded state", self.cfg.dist.timeout_seconds):
+                gathered = sharding.gather_state(self.parts.model, self.parts.optimizer)
         path = self.loop.saver.save(
-            p.step, lambda: self._snapshot(consumed, loss_sum, int(count)).to_dict())
+            p.step, lambda: self._snapshot(consumed, loss_sum, int(count), gathered).to_dict())
         if path is not None:
             self.loop.reporter.saved(p.step)
         return path

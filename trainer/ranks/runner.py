@@ -16,7 +16,7 @@ from torch import nn
 
 from trainer import __version__
 from trainer.build import Workload, build_parts, build_trainer, check_strategy
-from trainer.components import checkpoint
+from trainer.components import checkpoint, sharding
 from trainer.components.compiling import check_available
 from trainer.components.evaluation import evaluate
 from trainer.components.precision import Precision
@@ -58,6 +58,8 @@ def restart_count(starts: int | None) -> int:
 def _check_alone(cfg: JobConfig, ctx: DistContext) -> None:
     """What the config asks of this rank's environment (checked before the rendezvous)."""
     check_strategy(cfg.train.strategy, ctx)
+    sharding.check(cfg.train.strategy, cfg.train.precision, cfg.train.compile,
+                   cfg.train.fsdp_wrap)
     Precision.check(cfg.train.precision, ctx.device)
     if cfg.train.compile:
         check_available()
