@@ -177,3 +177,21 @@ def test_heartbeats_and_a_declared_verdict_round_trip_through_a_real_tcp_store()
     other_attempt = StoreBoard("127.0.0.1", port, attempt=1)
     assert other_attempt.read(2) == {}  # a restart reads no dead rank's heartbeat
     del server
+
+
+def test_one_event_per_hang_by_the_first_rank_to_claim_it_whichever_rank_that_is() -> None:
+    # rank 1 built the verdict and claims first; rank 0 adopts it and must not post again
+    # (deciding by the lowest rank posted no event at all in this order, on the cluster)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = dist.TCPStore("127.0.0.1", port, is_master=True,  # type: ignore[attr-defined]
+                           wait_for_workers=False)
+    dogs = [Watchdog(Beacon(), StoreBoard("127.0.0.1", port, attempt=0), rank, 2,
+                     hang_seconds=10.0, timeout_seconds=60.0, metrics=Recorder())
+            for rank in (0, 1)]
+    assert [dogs[1].first_to_post(), dogs[0].first_to_post()] == [True, False]
+    restarted = Watchdog(Beacon(), StoreBoard("127.0.0.1", port, attempt=1), 0, 2,
+                         hang_seconds=10.0, timeout_seconds=60.0, metrics=Recorder())
+    assert restarted.first_to_post()  # the next attempt's hang gets its own event
+    del server

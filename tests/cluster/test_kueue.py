@@ -137,7 +137,8 @@ def condition(release: Release, kind: str) -> dict[str, Any]:
 @pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
 def test_a_second_job_waits_without_pods_and_both_end_as_if_alone(
         cluster: Cluster, queue: str, tmp_path: Path, kind: str) -> None:
-    layer = {"apiKind": kind}
+    # 30 epochs: long enough to see the second wait, short for the CI's time
+    layer = {"apiKind": kind, "trainerConfig": {"train": {"epochs": 30}}}
     first = submit(cluster, queue, tmp_path, layer)
     wait_until(lambda: condition(first, "Admitted").get("status") == "True",
                "the first job admitted")

@@ -332,8 +332,22 @@ def test_each_exit_class_is_the_termination_message_and_named_by_jobs_status(
 HANG_CODE = (Path(__file__).resolve().parents[1] / "fixtures" / "hangs.py").read_text()
 
 
+def rank_pods(release: Release) -> list[str]:
+    """The job's pods by node rank: Master and Worker, or the TrainJob's nodes 0 and 1
+    (JobSet's Job pods, named with a random suffix)."""
+    if release.kind == "pytorchjob":
+        return [release.pod("master"), release.pod("worker")]
+    return [release.cluster.kubectl(
+        "get", "pods", "-n", release.namespace, "-l",
+        f"jobset.sigs.k8s.io/jobset-name={release.job},"
+        f"batch.kubernetes.io/job-completion-index={index}",
+        "-o", "jsonpath={.items[0].metadata.name}").stdout for index in (0, 1)]
+
+
+@pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
 def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninterrupted(
-        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
+        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished,
+        kind: str) -> None:
     # The Worker (rank 1) blocks for ever in the user's step at its 400th call, once per pod
     # (a file beside its checkpoints marks it). Its watchdog and the Master's find no rank
     # moving for 15 s, print their stacks, leave the verdict as each pod's termination message,
@@ -345,7 +359,7 @@ def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninte
                    "data": {"hangs.py": HANG_CODE}})
     release = Release(cluster, release_name(), namespace, merged(
         FAILOVER, KEEP_OUTPUTS, USER_MODULE, FAST_SCRAPES,
-        {"trainerConfig": {"train": {"step": "hangs:step"},
+        {"apiKind": kind, "trainerConfig": {"train": {"step": "hangs:step"},
                            "dist": {"hang_seconds": 15},
                            "metrics": {"linger_seconds": 10}},
          "env": [{"name": "PYTHONPATH", "value": "/user"},
@@ -356,20 +370,20 @@ def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninte
     assert alert["labels"]["phase"] == "step", alert
     got = finished(release)
     assert_same_as(got, uninterrupted)
-    for replica in ("master", "worker"):
+    for pod in rank_pods(release):
         # the hung attempt's end: the container's last state (its state is the resumed run's)
-        status = cluster.get("pod", release.pod(replica), namespace)["status"]
+        status = cluster.get("pod", pod, namespace)["status"]
         (container,) = status["containerStatuses"]
         ended = container["lastState"]["terminated"]
-        assert ended["exitCode"] == 142, (replica, container)
+        assert ended["exitCode"] == 142, (pod, container)
         line = ended["message"].strip()
         assert line.startswith("error: hang: rank 1 (pod ") and "in user code" in line \
-            and "hangs.py:" in line and "rank 0 waits for it" in line, (replica, line)
+            and "hangs.py:" in line and "rank 0 waits for it" in line, (pod, line)
     status = jobs("status", release.job, "-n", namespace).stdout
     assert "Hung:        rank 1 (pod " in status, status
     # the Warning event on the job (the chart's Role: create events, get the job)
     warnings = status.split("Warnings:")[1]
-    assert f"PyTorchJob/{release.job}" in warnings and "RankHung" in warnings, status
-    described = cluster.kubectl("describe", "pytorchjob", release.job, "-n", namespace).stdout
+    assert f"{kind}/{release.job}" in warnings and "RankHung" in warnings, status
+    described = cluster.kubectl("describe", release.kind, release.job, "-n", namespace).stdout
     assert "RankHung" in described, described
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")

@@ -272,3 +272,20 @@ def test_status_of_pods_that_never_ended_has_no_terminated_section(ddp) -> None:
     result = ddp("status", "mnist")
     assert result.code == 0, result.err
     assert "Terminated:" not in result.out
+
+
+def test_status_still_names_the_hang_once_the_resumed_run_has_completed(
+        ddp, cluster: FakeCluster) -> None:
+    # the pods' containers ended 0 after resuming; the hung attempt is their last state
+    from tests.jobs.cluster import job
+
+    cluster.add_job(job("resumed", workers=1, gpus=0, state="Succeeded"))
+    verdict = "error: hang: rank 1 (pod resumed-worker-0 on node n2) has been in user code"
+    for kind in ("master", "worker"):
+        cluster.add_pod(pod("resumed", kind, 0, restarts=1, phase="Succeeded",
+                            terminated=ended(0, "Completed", ""),
+                            last_terminated=ended(142, "Error", verdict + "\n")))
+    out = ddp("status", "resumed").out
+    hung = [line for line in out.splitlines() if line.startswith("Hung:")]
+    assert hung == ["Hung:        rank 1 (pod resumed-worker-0 on node n2) has been in user "
+                    "code (exit 142, resumed-master-0, last run)"], out

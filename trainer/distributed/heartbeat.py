@@ -66,6 +66,10 @@ class Board(Protocol):
 
     def declared(self, world_size: int) -> dict[int, str]: ...
 
+    def claim(self, name: str) -> bool:
+        """Whether this caller is the first of all ranks to claim `name`."""
+        ...
+
 
 class LocalBoard:
     """A run of one rank: nothing to share."""
@@ -73,6 +77,7 @@ class LocalBoard:
     def __init__(self) -> None:
         self._beats: dict[int, Heartbeat] = {}
         self._declared: dict[int, str] = {}
+        self._claimed: set[str] = set()
 
     def publish(self, beat: Heartbeat) -> None:
         self._beats[beat.rank] = beat
@@ -85,6 +90,11 @@ class LocalBoard:
 
     def declared(self, world_size: int) -> dict[int, str]:
         return dict(self._declared)
+
+    def claim(self, name: str) -> bool:
+        first = name not in self._claimed
+        self._claimed.add(name)
+        return first
 
 
 class StoreBoard:
@@ -122,6 +132,9 @@ class StoreBoard:
         values = self._store.multi_get(keys) if keys else []
         return {int(k.partition("/")[2]): v.decode("utf-8", "replace")
                 for k, v in zip(keys, values, strict=True)}
+
+    def claim(self, name: str) -> bool:
+        return int(self._store.add(f"claim/{name}", 1)) == 1  # atomic in the store
 
 
 def store_board() -> StoreBoard:

@@ -207,10 +207,8 @@ class Watchdog:
             sys.stderr.write(line + "\n")
         termination.write(line)
         termination.record(line)
-        now = time.monotonic()
-        alive = [r for r in self._last if now - self._heard[r] <= self.silence]
-        if adopted is None and self.rank == min(alive, default=self.rank):
-            self.post_event(line)  # once per job: by the lowest rank still beating
+        if self.first_to_post():
+            self.post_event(line)
         with contextlib.suppress(Exception):
             self.board.declare(self.rank, line)
         self.metrics.log({"watch/hung": 1.0}, step)
@@ -222,6 +220,18 @@ class Watchdog:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         os._exit(code)
+
+    def first_to_post(self) -> bool:
+        """One Event per hang: the first rank to claim it in the shared store posts it (the
+        rank that built the verdict claims it before declaring it; one adopting it claims
+        after). Deciding by the lowest rank posted none on the cluster when rank 1 built the
+        verdict and rank 0 adopted it. Without the store: the lowest rank still beating."""
+        try:
+            return self.board.claim("event")
+        except Exception:  # the store's host is gone: decide locally, maybe twice
+            now = time.monotonic()
+            alive = [r for r in self._last if now - self._heard[r] <= self.silence]
+            return self.rank == min(alive, default=self.rank)
 
     def _await_peers(self) -> None:
         """The store lives in this process (rank 0 of a PyTorchJob): the others read the

@@ -199,8 +199,9 @@ def hung(ended: Sequence[PodView]) -> list[str]:
     """``Hung: <the verdict>`` once, when a pod's trainer last ended by the hang watchdog
     (every pod of the job leaves the same verdict: docs/distributed.md, "Hangs")."""
     for pod in ended:
-        t = pod.terminated
-        if t is not None and t.exit_code in (HUNG_EXIT, HUNG_AGAIN_EXIT):
+        t = next((t for t in (pod.terminated, pod.last_terminated)
+                  if t is not None and t.exit_code in (HUNG_EXIT, HUNG_AGAIN_EXIT)), None)
+        if t is not None:
             verdict = t.line.removeprefix("error: ").removeprefix("hang: ")
             when = "last run" if t.previous else "now"
             return [f"Hung:        {verdict} (exit {t.exit_code}, {pod.name}, {when})"]

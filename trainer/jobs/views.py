@@ -158,6 +158,9 @@ class PodView:
     ranks_per_pod: int = 1
     container: str = PYTORCHJOB.container
     terminated: Termination | None = None
+    # lastState.terminated, even where the container has ended again since (a hung attempt
+    # before the resumed run that completed)
+    last_terminated: Termination | None = None
 
     @property
     def first_rank(self) -> int:
@@ -301,14 +304,18 @@ def pod_view(pod: Any, kind: Kind = PYTORCHJOB) -> PodView:
         waiting_reason=str(waiting.reason or "") if waiting is not None else "",
         container=kind.container,
         terminated=_termination(main),
+        last_terminated=_termination(main, only_last=True),
     )
 
 
-def _termination(status: Any) -> Termination | None:
-    """The container's current terminated state, else its last one (a V1ContainerStatus)."""
+def _termination(status: Any, only_last: bool = False) -> Termination | None:
+    """The container's current terminated state, else (or `only_last`) its last one (a
+    V1ContainerStatus)."""
     if status is None:
         return None
-    for previous, state in ((False, status.state), (True, status.last_state)):
+    states = ((True, status.last_state),) if only_last else (
+        (False, status.state), (True, status.last_state))
+    for previous, state in states:
         ended = state.terminated if state is not None else None
         if ended is not None:
             return Termination(exit_code=_int(ended.exit_code), reason=str(ended.reason or ""),
