@@ -209,7 +209,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return launch(rank_argv, ns.nproc_per_node, ns.max_restarts, cfg.dist.timeout_seconds,
                       exporter.env, ns.debug)
     finally:
-        linger(cfg.metrics.linger_seconds, exporter.port)  # the ranks are gone; their values stay
+        # the ranks are gone, their values stay: until a scrape has read them, or the bound
+        linger(cfg.metrics.linger_seconds, exporter.port, exporter.notify_after_next_scrape)
         exporter.close()
 
 

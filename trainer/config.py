@@ -303,8 +303,9 @@ class MetricsConfig:
     bind_address: str = "0.0.0.0"
     """Address the metrics endpoint binds to."""
     linger_seconds: float = field(default=60.0, metadata=limits(minimum=0))
-    """Keep serving the final values this long after the run ends or fails, so that a scrape
-    sees them (a couple of scrape intervals; SIGTERM ends the wait; 0 for local runs)."""
+    """After the run ends or fails, keep serving the final values until a scrape has read them,
+    at most this long: the bound when nobody scrapes (a couple of scrape intervals; SIGTERM
+    ends the wait; 0 for local runs)."""
 
 
 @dataclass

@@ -74,19 +74,29 @@ class StopFlag:
         self.requested = True
 
 
-def linger(seconds: float, port: int) -> None:
-    """Keep serving the metrics endpoint on `port` for `seconds` (so a scraper sees the final
-    values), or less if SIGTERM (or Ctrl-C) comes; nothing when `port` is 0 (not serving).
+def linger(seconds: float, port: int,
+           notify_after_next_scrape: Callable[[threading.Event], bool] | None = None) -> None:
+    """Keep serving the metrics endpoint on `port` so that a scraper sees the final values:
+    until a scrape has carried them (`notify_after_next_scrape`, the endpoint's: it sets the
+    event it is given once a scrape that began after the call has been sent, and says whether
+    it will), SIGTERM (or Ctrl-C) comes, or at most `seconds`; nothing when `port` is 0.
 
+    A job's pods, and their GPUs, are held while it lingers: one scrape is enough, the bound
+    is for when nobody scrapes (monitoring off, a local run).
     Only from the main thread: it installs its own SIGTERM handler for the wait.
     """
     if seconds <= 0 or not port:
         return
-    log.info("serving the final metrics on :%d for %g s (metrics.linger_seconds; SIGTERM or "
-             "Ctrl-C ends it)", port, seconds)
     done = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: done.set())
     try:
+        # before the line below, so that a scrape made once it is printed ends the wait
+        if notify_after_next_scrape is not None and notify_after_next_scrape(done):
+            log.info("serving the final metrics on :%d until a scrape has read them, at most "
+                     "%g s (metrics.linger_seconds; SIGTERM or Ctrl-C ends it)", port, seconds)
+        else:
+            log.info("serving the final metrics on :%d for %g s (metrics.linger_seconds; "
+                     "SIGTERM or Ctrl-C ends it)", port, seconds)
         done.wait(seconds)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -234,6 +234,9 @@ class TrainJobStatusReporter:
 
     port = 0  # serves nothing (the sink protocol's port)
 
+    def notify_after_next_scrape(self, event: threading.Event) -> bool:
+        return False  # serves nothing, so nothing is scraped from it
+
     def __init__(self, client: StatusClient, world_size: int,
                  registry: CollectorRegistry | None = None, rank: int = 0,
                  min_interval: float = MIN_INTERVAL_SECONDS) -> None:
