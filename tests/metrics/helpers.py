@@ -97,10 +97,11 @@ def start_rank(spec: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[st
 
 
 def wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 120) -> tuple[str, str]:
-    """(the first stderr line containing `text`, everything read up to it); fails on a timeout
-    or when the process ends first. The rest of stderr is drained in the background."""
-    assert proc.stderr is not None
-    stream = proc.stderr
+    """(the first line of stderr, or of stdout where stderr goes there, containing `text`,
+    everything read up to it); fails on a timeout or when the process ends first. The rest of
+    the stream is drained in the background."""
+    stream = proc.stderr if proc.stderr is not None else proc.stdout
+    assert stream is not None
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
