@@ -18,7 +18,7 @@ a per-sample DataLoader over a TensorDataset. Like for like, both jobs run in ou
 * validation after every epoch; our checkpoints at their default cadence (every 300 s by rank
   0's clock, and the final one), the plain job none;
 * ours otherwise with the chart's defaults, monitoring on (``--no-monitoring``: off): each
-  finished rank serves its final metrics until the PodMonitor's first scrape of them, at most
+  completed rank serves its final metrics until the PodMonitor's first scrape of them, at most
   ``metrics.linger_seconds`` (twice the scrape interval), which counts in its time to
   `Succeeded` (with ``--no-monitoring`` nobody scrapes: the whole bound).
 

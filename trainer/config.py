@@ -303,9 +303,9 @@ class MetricsConfig:
     bind_address: str = "0.0.0.0"
     """Address the metrics endpoint binds to."""
     linger_seconds: float = field(default=60.0, metadata=limits(minimum=0))
-    """After the run ends or fails, keep serving the final values until a scrape has read them,
-    at most this long: the bound when nobody scrapes (a couple of scrape intervals; SIGTERM
-    ends the wait; 0 for local runs)."""
+    """After the run ends, keep serving the final values this long, so that Prometheus scrapes
+    them and evaluates its alerts on them; a completed run stops at the first scrape of them
+    (a couple of scrape intervals; SIGTERM ends the wait; 0 for local runs)."""
 
 
 @dataclass

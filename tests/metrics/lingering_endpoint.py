@@ -1,4 +1,4 @@
-"""A process that serves a fresh registry, sets its final value and lingers, as a finished rank
+"""A process that serves a fresh registry, sets its final value and lingers, as a completed rank
 does: ``python lingering_endpoint.py PORT LINGER_SECONDS``. Logs like the CLI (stderr), so the
 linger's "serving the final metrics" line tells that a scrape from then on carries the final
 value; exits 0 when the linger ends."""

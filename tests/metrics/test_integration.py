@@ -242,6 +242,8 @@ def test_a_diverged_loss_reaches_prometheus_before_the_job_stops(tmp_path: Path)
         out = _finish(proc)
         assert proc.returncode == 3, out[-4000:]
         assert out.count("error: training loss became") == 2, out[-4000:]  # both ranks
+        # a failed run's values feed alerts: served the whole bound, however soon scraped
+        assert f"serving the final metrics on :{port} for 4 s" in out, out[-4000:]
         last = 'last_over_time(trainer_loss{split="train"}[5m])'
         rows = prom.query(f"({last} != {last}) or (abs({last}) == Inf)")  # the alert's test
         assert {r["metric"]["rank"] for r in rows} == {"0", "1"}, rows

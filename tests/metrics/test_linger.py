@@ -1,4 +1,4 @@
-"""A finished rank serves its final values until a scrape has read them, with
+"""A completed rank serves its final values until a scrape has read them, with
 ``metrics.linger_seconds`` as the bound for when nobody scrapes: a job does not hold its pods
 (and GPUs) a whole linger after its last step."""
 

@@ -81,8 +81,10 @@ def linger(seconds: float, port: int,
     event it is given once a scrape that began after the call has been sent, and says whether
     it will), SIGTERM (or Ctrl-C) comes, or at most `seconds`; nothing when `port` is 0.
 
-    A job's pods, and their GPUs, are held while it lingers: one scrape is enough, the bound
-    is for when nobody scrapes (monitoring off, a local run).
+    A job's pods, and their GPUs, are held while it lingers: after a completed run one scrape
+    is enough, the bound is for when nobody scrapes (monitoring off, a local run). A failed
+    run's callers pass no `notify_after_next_scrape`: its values feed alerts, which Prometheus
+    evaluates on its own schedule while they are served.
     Only from the main thread: it installs its own SIGTERM handler for the wait.
     """
     if seconds <= 0 or not port:
