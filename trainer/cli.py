@@ -214,7 +214,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         # The ranks are gone, their values stay: after a completed run until a scrape has read
         # them; after a failed one the whole bound, as its values feed alerts (docs/metrics.md).
         linger(cfg.metrics.linger_seconds, exporter.port,
-               exporter.notify_after_next_scrape if code == 0 else None)
+               exporter.notify_after_scrapes if code == 0 else None, cfg.metrics.linger_scrapes)
         exporter.close()
 
 

@@ -24,7 +24,7 @@ def main() -> int:
     gauge = Gauge("linger_test_value", "The value this process ends with", registry=registry)
     endpoint = serve(registry, MetricsConfig(port=port, bind_address="127.0.0.1"))
     gauge.set(FINAL)
-    linger(seconds, endpoint.port, endpoint.notify_after_next_scrape)
+    linger(seconds, endpoint.port, endpoint.notify_after_scrapes)
     endpoint.close()
     return 0
 

@@ -76,7 +76,7 @@ def test_only_a_scrape_begun_after_the_request_is_noted_and_keeps_its_content_le
     try:
         scrape(endpoint.port)  # before the request: it carried no final value
         scraped = threading.Event()
-        assert endpoint.notify_after_next_scrape(scraped)
+        assert endpoint.notify_after_scrapes(scraped)
         assert not scraped.is_set()
         url = f"http://127.0.0.1:{endpoint.port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as resp:
@@ -85,3 +85,20 @@ def test_only_a_scrape_begun_after_the_request_is_noted_and_keeps_its_content_le
         assert scraped.wait(10)
     finally:
         endpoint.close()
+
+
+def test_as_many_scrapes_as_asked_for_end_the_wait_and_zero_asks_for_none() -> None:
+    registry = CollectorRegistry()
+    Gauge("linger_test_value", "A value", registry=registry).set(1)
+    endpoint = serve(registry, MetricsConfig(port=free_port(), bind_address="127.0.0.1"))
+    try:
+        assert not endpoint.notify_after_scrapes(threading.Event(), 0)
+        scraped = threading.Event()
+        assert endpoint.notify_after_scrapes(scraped, 2)
+        scrape(endpoint.port)
+        assert not scraped.is_set()  # one of two, whenever the server counts it
+        scrape(endpoint.port)
+        assert scraped.wait(10)
+    finally:
+        endpoint.close()
+

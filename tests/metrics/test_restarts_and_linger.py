@@ -70,3 +70,26 @@ def test_a_diverged_rank_serves_its_final_values_the_whole_bound_though_scraped(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_linger_scrapes_zero_serves_a_completed_run_the_whole_bound(tmp_path: Path) -> None:
+    bound = 6.0
+    port = free_port()
+    proc = subprocess.Popen(
+        _train(tmp_path, "--max-steps", "5", "--metrics-port", str(port),
+               "--metrics-bind-address", "127.0.0.1", "--set", f"metrics.linger_seconds={bound}",
+               "--set", "metrics.linger_scrapes=0"),
+        cwd=REPO, env=rank_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line, out = wait_for_line(proc, "serving the final metrics on", timeout=240)
+        t0 = time.monotonic()
+        assert f"for {bound:g} s" in line, out[-4000:]
+        assert value(scrape(port), "trainer_steps_total", rank="0") == 5
+        proc.wait(timeout=60)
+        # measured from reading the line, just after the wait began: a little under the bound
+        assert time.monotonic() - t0 >= bound - 1.0, "a scrape ended the linger"
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+

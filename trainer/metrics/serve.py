@@ -57,16 +57,19 @@ class HttpEndpoint:
         self._thread = thread
         self.port = int(server.server_address[1])
         self._lock = threading.Lock()
-        self._awaiting: list[threading.Event] = []
+        self._awaiting: dict[threading.Event, int] = {}  # scrapes each still waits for
         app = server.get_app()
         if app is not None:  # wsgiref looks it up for each request: from here on, noted
             server.set_app(self._noting_scrapes(app))
 
-    def notify_after_next_scrape(self, event: threading.Event) -> bool:
-        """Set `event` once a scrape that begins after this call has been sent in full: it
-        carried every value written before the call (a linger's final values). True: it will."""
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        """Set `event` once `count` scrapes that began after this call have been sent in full:
+        they carried every value written before the call (a linger's final values). True: it
+        will (`count` >= 1)."""
+        if count < 1:
+            return False
         with self._lock:
-            self._awaiting.append(event)
+            self._awaiting[event] = count
         return True
 
     def _noting_scrapes(self, app: WsgiApp) -> WsgiApp:
@@ -84,9 +87,15 @@ class HttpEndpoint:
                 return start_response(status, *rest)
 
             def sent() -> None:
-                if statuses and statuses[-1].startswith("200"):
+                if not (statuses and statuses[-1].startswith("200")):
+                    return
+                with self._lock:
                     for event in awaiting:
-                        event.set()
+                        if event in self._awaiting:  # not yet counted out by a scrape beside
+                            self._awaiting[event] -= 1
+                            if self._awaiting[event] == 0:
+                                del self._awaiting[event]
+                                event.set()
 
             return _SentThen(app(environ, start), sent)
 
@@ -205,10 +214,10 @@ class LauncherExporter:
         """The bound port (0 when metrics are off)."""
         return self._endpoint.port if self._endpoint is not None else 0
 
-    def notify_after_next_scrape(self, event: threading.Event) -> bool:
-        """Set `event` once a scrape that begins after this call has been sent (call it once
-        the ranks have exited: every value is final). False when metrics are off."""
-        return self._endpoint is not None and self._endpoint.notify_after_next_scrape(event)
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        """Set `event` once `count` scrapes that began after this call have been sent (call it
+        once the ranks have exited: every value is final). False when metrics are off."""
+        return self._endpoint is not None and self._endpoint.notify_after_scrapes(event, count)
 
     def close(self) -> None:
         """Stop serving and delete the value files (call after the ranks exited)."""

@@ -234,7 +234,7 @@ class TrainJobStatusReporter:
 
     port = 0  # serves nothing (the sink protocol's port)
 
-    def notify_after_next_scrape(self, event: threading.Event) -> bool:
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
         return False  # serves nothing, so nothing is scraped from it
 
     def __init__(self, client: StatusClient, world_size: int,

@@ -92,7 +92,7 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         # scrape ends it after a completed run (a failed one's values feed alerts: the bound)
         rank.close_at_exit(lambda: linger(
             cfg.metrics.linger_seconds, metrics.port,
-            metrics.notify_after_next_scrape if rank.completed else None))
+            metrics.notify_after_scrapes if rank.completed else None, cfg.metrics.linger_scrapes))
         metrics.log({"run/restarts": float(restart_count(starts))}, 0)
         ctx = rank.join()
         trainer = build_trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
