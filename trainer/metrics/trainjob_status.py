@@ -234,9 +234,6 @@ class TrainJobStatusReporter:
 
     port = 0  # serves nothing (the sink protocol's port)
 
-    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
-        return False  # serves nothing, so nothing is scraped from it
-
     def __init__(self, client: StatusClient, world_size: int,
                  registry: CollectorRegistry | None = None, rank: int = 0,
                  min_interval: float = MIN_INTERVAL_SECONDS) -> None:
@@ -258,6 +255,9 @@ class TrainJobStatusReporter:
         self._last_sent: float | None = None
         self._thread = threading.Thread(target=self._run, name="trainjob-status", daemon=True)
         self._thread.start()
+
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        return False  # serves nothing, so nothing is scraped from it
 
     def log(self, metrics: Mapping[str, MetricValue], step: int) -> None:
         with self._lock:
