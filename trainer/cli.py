@@ -205,11 +205,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
         check_output_dir(cfg.output.dir, create=True)  # once here, not once per rank
         rank_argv = ["rank", config_text(cfg), *(["--debug"] if ns.debug else [])]
     exporter = start_launcher_exporter(cfg.metrics, ns.nproc_per_node)
+    code: int | None = None
     try:
-        return launch(rank_argv, ns.nproc_per_node, ns.max_restarts, cfg.dist.timeout_seconds,
+        code = launch(rank_argv, ns.nproc_per_node, ns.max_restarts, cfg.dist.timeout_seconds,
                       exporter.env, ns.debug)
+        return code
     finally:
-        linger(cfg.metrics.linger_seconds, exporter.port)  # the ranks are gone; their values stay
+        # The ranks are gone, their values stay: after a completed run until a scrape has read
+        # them; after a failed one the whole bound, as its values feed alerts (docs/metrics.md).
+        linger(cfg.metrics.linger_seconds, exporter.port,
+               exporter.notify_after_scrapes if code == 0 else None, cfg.metrics.linger_scrapes)
         exporter.close()
 
 

@@ -68,6 +68,9 @@ MAX_CPU_THREADS = 1024
 """Most intra-op threads a rank may be given (`train.cpu_threads`, `OMP_NUM_THREADS`): more is
 a typo (a machine with more cores than this is rare); a count above the usable cores is capped
 at them (trainer/distributed/threads.py)."""
+MAX_LINGER_SCRAPES = 100
+"""Most scrapes a completed run may wait for before it stops serving (`metrics.linger_scrapes`;
+`metrics.linger_seconds` bounds the wait anyway)."""
 INT_BITS = 64
 """Config ints are 64-bit signed (torch seeds, counters, sizes)."""
 
@@ -310,8 +313,13 @@ class MetricsConfig:
     bind_address: str = "0.0.0.0"
     """Address the metrics endpoint binds to."""
     linger_seconds: float = field(default=60.0, metadata=limits(minimum=0))
-    """Keep serving the final values this long after the run ends or fails, so that a scrape
-    sees them (a couple of scrape intervals; SIGTERM ends the wait; 0 for local runs)."""
+    """After the run ends, keep serving the final values this long, so that Prometheus scrapes
+    them and evaluates its alerts on them; a completed run stops sooner, at `linger_scrapes`
+    scrapes of them (a couple of scrape intervals; SIGTERM ends the wait; 0 for local runs)."""
+    linger_scrapes: int = field(default=1, metadata=limits(minimum=0, maximum=MAX_LINGER_SCRAPES))
+    """Scrapes of a completed run's final values that end its linger (each began after them;
+    any GET of the endpoint counts); 0: serve them the whole `linger_seconds`, as a failed run
+    does."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ from trainer.config import (
     DEVICES,
     INT_BITS,
     MAX_CPU_THREADS,
+    MAX_LINGER_SCRAPES,
     MAX_TIMEOUT_SECONDS,
     MODEL_NAMES,
     OPTIMIZERS,
@@ -423,3 +424,7 @@ def validate(cfg: JobConfig) -> None:
              "metrics.linger_seconds",
              f"{cfg.metrics.linger_seconds} is not a finite number >= 0",
              "use 0 to stop serving at once")
+    _require(0 <= cfg.metrics.linger_scrapes <= MAX_LINGER_SCRAPES, "metrics.linger_scrapes",
+             f"{cfg.metrics.linger_scrapes} is outside [0, {MAX_LINGER_SCRAPES}]",
+             "use 1 (the first scrape of the final values ends the wait) or 0 (the whole "
+             "metrics.linger_seconds)")

@@ -100,7 +100,8 @@ def assert_scraped_while_running(release: Release) -> str:
         assert labels["job_kind"] == kind and labels["namespace"] == ns
         assert float(s["value"][1]) == 2.0
     # The dashboard, once there has been a validation and a checkpoint (the first epoch's end)
-    # and a rate window of scrapes; the pods serve on for metrics.linger_seconds after training.
+    # and a rate window of scrapes; the pods serve on for metrics.linger_seconds after training
+    # (the callers set metrics.linger_scrapes 0: not only until the first scrape of the end).
     wait_for_series(f"trainer_last_checkpoint_timestamp_seconds{{{selector}}} > 0", 1)
     wait_for_series(f"rate(trainer_samples_total{{{selector}}}[{RATE_INTERVAL}])", 2)
     assert_dashboard_has_data(ns, release.job)

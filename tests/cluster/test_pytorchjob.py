@@ -21,10 +21,11 @@ def test_helm4_install_from_the_registry_runs_to_succeeded_under_restricted(
     # The image `make release` pushed, under the chart's default tag (its appVersion).
     # Trained and served long enough to be seen: the PodMonitor reaches Prometheus through a
     # config reload (about 15-25 s apart here), then a rate needs two scrapes; the default run
-    # (10 epochs) served for 30 s at 15 s scrapes was once gone before that (a CI run).
+    # (10 epochs) served for 30 s at 15 s scrapes was once gone before that (a CI run). The
+    # whole 30 s: not only until the first scrape of the final values (linger_scrapes 0).
     release = Release(cluster, release_name(), ns, merged(
         KEEP_RESULTS, monitoring.FAST_SCRAPES, {"image": {"tag": ""}, "trainerConfig": {
-            "train": {"epochs": 100}, "metrics": {"linger_seconds": 30}}}))
+            "train": {"epochs": 100}, "metrics": {"linger_seconds": 30, "linger_scrapes": 0}}}))
     release.install(chart_ref, tmp=tmp_path)
     # The operator's Worker init container ran, admitted under `restricted` (read while the
     # job runs: cleanPodPolicy Running deletes a Worker still running when the Master ends).

@@ -22,7 +22,9 @@ from tests.cluster.jobs import KEEP_RESULTS, SHORT, TRAINJOB, finished
 from tests.cluster.kube import STATE, Cluster, merged, restart_process
 
 # Long enough (about 15 s of training) for several of rank 0's reports, one every 5 s.
-REPORTED = {"trainerConfig": {"train": {"epochs": 100}}}
+# Served the whole linger after training (not only until the first scrape of the final values):
+# the PodMonitor may reach Prometheus only then, and the checks below need a rate window.
+REPORTED = {"trainerConfig": {"train": {"epochs": 100}, "metrics": {"linger_scrapes": 0}}}
 
 
 def trainer_status(release: Release) -> dict[str, Any]:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -91,3 +94,30 @@ def start_rank(spec: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[st
     line = proc.stdout.readline().strip()
     assert line == "ready", f"fake rank failed: {line}{proc.stdout.read() if line else ''}"
     return proc
+
+
+def wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 120) -> tuple[str, str]:
+    """(the first line of stderr, or of stdout where stderr goes there, containing `text`,
+    everything read up to it); fails on a timeout or when the process ends first. The rest of
+    the stream is drained in the background."""
+    stream = proc.stderr if proc.stderr is not None else proc.stdout
+    assert stream is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no '{text}' within {timeout} s:\n{''.join(seen)}") from None
+        assert line is not None, f"ended (rc {proc.wait()}) before '{text}':\n{''.join(seen)}"
+        seen.append(line)
+        if text in line:
+            return line, "".join(seen)

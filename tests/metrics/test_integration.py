@@ -21,7 +21,14 @@ import pytest
 import yaml
 
 from tests.metrics.dashboard import label_values_as_promql, load, substitute, targets
-from tests.metrics.helpers import REPO, promtool_check_metrics, rank_env, scrape, value
+from tests.metrics.helpers import (
+    REPO,
+    promtool_check_metrics,
+    rank_env,
+    scrape,
+    value,
+    wait_for_line,
+)
 from tests.metrics.test_alerts import ALERTS
 from tests.support.prometheus import PrometheusServer, free_port
 from trainer.components import checkpoint
@@ -204,11 +211,17 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
     return out
 
 
-def test_final_values_reach_prometheus_while_the_endpoint_lingers(tmp_path: Path) -> None:
+def test_final_values_reach_prometheus_whose_scrape_ends_the_linger(tmp_path: Path) -> None:
     port = free_port()
     with PrometheusServer([f"127.0.0.1:{port}"], scrape_interval="1s", labels=POD_LABELS) as prom:
-        proc = start_run(port, tmp_path, "--epochs", "3", linger=4)
-        out = _finish(proc)
+        proc = start_run(port, tmp_path, "--epochs", "3", linger=60)
+        try:
+            line, out = wait_for_line(proc, "serving the final metrics on", timeout=300)
+            assert "until a scrape has read them, at most 60 s" in line, out[-4000:]
+            proc.wait(timeout=30)  # a scrape every second, not the 60 s bound, ended it
+        finally:
+            if proc.poll() is None:
+                proc.kill()
         assert proc.returncode == 0, out[-4000:]
         summary = json.loads((tmp_path / "out" / "summary.json").read_text())
         # The last samples Prometheus stored (the endpoint is gone by now, so an instant query
@@ -229,6 +242,8 @@ def test_a_diverged_loss_reaches_prometheus_before_the_job_stops(tmp_path: Path)
         out = _finish(proc)
         assert proc.returncode == 3, out[-4000:]
         assert out.count("error: training loss became") == 2, out[-4000:]  # both ranks
+        # a failed run's values feed alerts: served the whole bound, however soon scraped
+        assert f"serving the final metrics on :{port} for 4 s" in out, out[-4000:]
         last = 'last_over_time(trainer_loss{split="train"}[5m])'
         rows = prom.query(f"({last} != {last}) or (abs({last}) == Inf)")  # the alert's test
         assert {r["metric"]["rank"] for r in rows} == {"0", "1"}, rows

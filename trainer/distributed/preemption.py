@@ -74,19 +74,34 @@ class StopFlag:
         self.requested = True
 
 
-def linger(seconds: float, port: int) -> None:
-    """Keep serving the metrics endpoint on `port` for `seconds` (so a scraper sees the final
-    values), or less if SIGTERM (or Ctrl-C) comes; nothing when `port` is 0 (not serving).
+def linger(seconds: float, port: int,
+           notify_after_scrapes: Callable[[threading.Event, int], bool] | None = None,
+           scrapes: int = 1) -> None:
+    """Keep serving the metrics endpoint on `port` so that a scraper sees the final values:
+    until `scrapes` scrapes have carried them (`notify_after_scrapes`, the endpoint's: it sets
+    the event it is given once that many scrapes begun after the call have been sent, and says
+    whether it will), SIGTERM (or Ctrl-C) comes, or at most `seconds`; nothing when `port` is
+    0. `scrapes` 0, or no `notify_after_scrapes`: the whole `seconds`.
 
+    A job's pods, and their GPUs, are held while it lingers: after a completed run one scrape
+    is enough, the bound is for when nobody scrapes (monitoring off, a local run). A failed
+    run's callers pass no `notify_after_scrapes`: its values feed alerts, which Prometheus
+    evaluates on its own schedule while they are served.
     Only from the main thread: it installs its own SIGTERM handler for the wait.
     """
     if seconds <= 0 or not port:
         return
-    log.info("serving the final metrics on :%d for %g s (metrics.linger_seconds; SIGTERM or "
-             "Ctrl-C ends it)", port, seconds)
     done = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: done.set())
     try:
+        # before the line below, so that a scrape made once it is printed counts
+        if notify_after_scrapes is not None and notify_after_scrapes(done, scrapes):
+            log.info("serving the final metrics on :%d until %s read them, at most %g s "
+                     "(metrics.linger_seconds; SIGTERM or Ctrl-C ends it)", port,
+                     "a scrape has" if scrapes == 1 else f"{scrapes} scrapes have", seconds)
+        else:
+            log.info("serving the final metrics on :%d for %g s (metrics.linger_seconds; "
+                     "SIGTERM or Ctrl-C ends it)", port, seconds)
         done.wait(seconds)
     finally:
         signal.signal(signal.SIGTERM, previous)

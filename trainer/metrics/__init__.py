@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -61,6 +62,12 @@ class MetricsSink(Protocol):
 
     def log(self, metrics: Mapping[str, MetricValue], step: int) -> None: ...
 
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        """Set `event` once `count` scrapes that began after this call have been served: they
+        carried every value written before. False when no such scrape would carry all final
+        values (nothing served here, or values of other processes that may still change)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -71,6 +78,9 @@ class NullSink:
 
     def log(self, metrics: Mapping[str, MetricValue], step: int) -> None:
         pass
+
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        return False
 
     def close(self) -> None:
         pass
@@ -90,6 +100,10 @@ class FanOut:
     def log(self, metrics: Mapping[str, MetricValue], step: int) -> None:
         for sink in self.sinks:
             sink.log(metrics, step)
+
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        """The first sink's (the one that serves, as for :attr:`port`)."""
+        return bool(self.sinks) and self.sinks[0].notify_after_scrapes(event, count)
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -122,6 +136,14 @@ class PrometheusSink:
         # `step` is deliberately unused: a step label would make series unbounded, and
         # the step count is exported as trainer_steps_total.
         self.metrics.update(metrics)
+
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        """Only when this process serves its own values alone (``single``): under plain
+        torchrun the endpoint also serves the local ranks beside it, whose last values may
+        still be unwritten when this one is done."""
+        if self._endpoint is None or self.mode != "single":
+            return False
+        return self._endpoint.notify_after_scrapes(event, count)
 
     def close(self) -> None:
         if self._endpoint is not None:

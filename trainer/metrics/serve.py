@@ -20,7 +20,9 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server, values
@@ -40,6 +42,9 @@ PROMETHEUS_ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
 """prometheus_client's own switch; also set so that it picks mmap values at import."""
 
 
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
 class MetricsPortInUse(ConfigError):
     """The metrics endpoint could not bind its address."""
 
@@ -51,11 +56,75 @@ class HttpEndpoint:
         self._server = server
         self._thread = thread
         self.port = int(server.server_address[1])
+        self._lock = threading.Lock()
+        self._awaiting: dict[threading.Event, int] = {}  # scrapes each still waits for
+        app = server.get_app()
+        if app is not None:  # wsgiref looks it up for each request: from here on, noted
+            server.set_app(self._noting_scrapes(app))
+
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        """Set `event` once `count` scrapes that began after this call have been sent in full:
+        they carried every value written before the call (a linger's final values). True: it
+        will (`count` >= 1)."""
+        if count < 1:
+            return False
+        with self._lock:
+            self._awaiting[event] = count
+        return True
+
+    def _noting_scrapes(self, app: WsgiApp) -> WsgiApp:
+        def noted(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            with self._lock:  # before the values are collected: they are the final ones
+                awaiting = tuple(self._awaiting)
+            # prometheus_client serves the values on any path of a GET but the browser's icon
+            if (not awaiting or environ.get("REQUEST_METHOD") != "GET"
+                    or environ.get("PATH_INFO") == "/favicon.ico"):
+                return app(environ, start_response)
+            statuses: list[str] = []
+
+            def start(status: str, *rest: Any) -> Any:
+                statuses.append(status)
+                return start_response(status, *rest)
+
+            def sent() -> None:
+                if not (statuses and statuses[-1].startswith("200")):
+                    return
+                with self._lock:
+                    for event in awaiting:
+                        if event in self._awaiting:  # not yet counted out by a scrape beside
+                            self._awaiting[event] -= 1
+                            if self._awaiting[event] == 0:
+                                del self._awaiting[event]
+                                event.set()
+
+            return _SentThen(app(environ, start), sent)
+
+        return noted
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+class _SentThen:
+    """A WSGI body that calls `then` once its last chunk has been written to the client
+    (wsgiref asks for the next chunk only after writing the one before)."""
+
+    def __init__(self, body: Iterable[bytes], then: Callable[[], None]) -> None:
+        self._body, self._then = body, then
+
+    def __len__(self) -> int:
+        return len(self._body)  # type: ignore[arg-type]  # one chunk keeps its Content-Length
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._body
+        self._then()
+
+    def close(self) -> None:
+        close = getattr(self._body, "close", None)
+        if close is not None:
+            close()
 
 
 def serve(registry: CollectorRegistry, cfg: MetricsConfig) -> HttpEndpoint:
@@ -144,6 +213,11 @@ class LauncherExporter:
     def port(self) -> int:
         """The bound port (0 when metrics are off)."""
         return self._endpoint.port if self._endpoint is not None else 0
+
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        """Set `event` once `count` scrapes that began after this call have been sent (call it
+        once the ranks have exited: every value is final). False when metrics are off."""
+        return self._endpoint is not None and self._endpoint.notify_after_scrapes(event, count)
 
     def close(self) -> None:
         """Stop serving and delete the value files (call after the ranks exited)."""

@@ -262,6 +262,9 @@ class TrainJobStatusReporter:
         self._thread = threading.Thread(target=self._run, name="trainjob-status", daemon=True)
         self._thread.start()
 
+    def notify_after_scrapes(self, event: threading.Event, count: int = 1) -> bool:
+        return False  # serves nothing, so nothing is scraped from it
+
     def log(self, metrics: Mapping[str, MetricValue], step: int) -> None:
         with self._lock:
             if self.progress.update(metrics, step):

@@ -92,8 +92,11 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         rank.close_at_exit(stop.uninstall)
         metrics = build_metrics(cfg.metrics, run_info(cfg, rank.ctx, workload))  # binds the port
         rank.close_at_exit(metrics.close)
-        # when this process serves, after the last values and before the endpoint closes
-        rank.close_at_exit(lambda: linger(cfg.metrics.linger_seconds, metrics.port))
+        # when this process serves, after the last values and before the endpoint closes; after
+        # a completed run a scrape of them ends it (a failed one's feed alerts: the whole bound)
+        rank.close_at_exit(lambda: linger(
+            cfg.metrics.linger_seconds, metrics.port,
+            metrics.notify_after_scrapes if rank.completed else None, cfg.metrics.linger_scrapes))
         metrics.log({"run/restarts": float(restart_count(starts))}, 0)
         ctx = rank.join()
         trainer = build_trainer(cfg, ctx, build_parts(cfg, ctx, workload), metrics, stop,
