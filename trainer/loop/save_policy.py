@@ -11,6 +11,7 @@ reduced), and rank 0 alone writes, on a background thread
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.components import checkpoint
+from trainer.components import checkpoint, storage
 from trainer.config import CheckpointConfig
 from trainer.data.loaders import forks_training_process
 
@@ -55,8 +56,12 @@ class Saver:
                  max_steps: int = 0) -> None:
         self.epochs = epochs
         self.max_steps = max_steps
-        self.directory = Path(cfg.dir) if cfg.dir else None
-        """None: checkpointing is off."""
+        self.directory = storage.local_dir(cfg.dir) if cfg.dir else None
+        """None: checkpointing is off. For an ``s3://`` dir: the local staging folder, each
+        checkpoint uploaded from there after its save (trainer.components.storage)."""
+        self._upload = (functools.partial(storage.push_checkpoint, cfg.dir, keep=cfg.keep,
+                                          verify=checkpoint.problem_of_bytes)
+                        if storage.is_remote(cfg.dir) else None)
         if self.directory is not None:
             # Created (and probed) now, not found missing at the first save after an epoch
             # of training, when the Trainer is used without the runner.
@@ -129,7 +134,7 @@ class Saver:
         self._last_save = time.monotonic()
         if self.directory is None or not self.is_main:
             return None
-        path = self.writer.submit(self.directory, step, state(), self.keep)
+        path = self.writer.submit(self.directory, step, state(), self.keep, then=self._upload)
         log.debug("saved %s", path)
         return path
 
