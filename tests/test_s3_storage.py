@@ -4,12 +4,17 @@ SeaweedFS built from its Go module (tests/support/s3.py), not a mock."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import free_port, read_json, run_cli
+from tests.conftest import REPO, free_port, read_json, run_cli
 
 COMMON = ["--dataset", "digits", "--batch-size", "16", "--epochs", "2", "--metrics-port", "0",
           "--checkpoint-every", "5"]
@@ -140,3 +145,42 @@ def test_a_failed_upload_is_raised_by_the_next_wait_and_keeps_the_checkpoints_in
         saver.writer.close()
         storage.drop_staging(url)
     assert _objects(s3_server.filesystem(), url) == ["ckpt-000000001.pt"]
+
+
+def test_a_sigterm_mid_run_keeps_its_checkpoint_in_s3_and_the_rerun_resumes_there_exactly(
+        s3_server: Any, tmp_path: Path) -> None:
+    common = ["--nproc-per-node", "2", "--dataset", "digits", "--batch-size", "16", "--epochs",
+              "8", "--metrics-port", "0", "--checkpoint-every", "40", "--log-every", "1"]
+    full = run_cli("run", *common, "--output-dir", str(tmp_path / "full"))
+    assert full.returncode == 0, full.stderr
+    ckpt, out = s3_server.url("sigterm/ckpt"), s3_server.url("sigterm/out")
+    argv = [sys.executable, "-m", "trainer", "run", *common, "--output-dir", out,
+            "--checkpoint-dir", ckpt]
+    env = {**os.environ, "PYTHONPATH": str(REPO), **s3_server.env}
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen: list[str] = []
+    for line in proc.stderr:  # stopped once training is under way
+        seen.append(line)
+        if " step " in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    stderr = "".join(seen) + proc.stderr.read()
+    assert proc.wait(timeout=120) == 143, stderr
+    stopped = re.search(r"stopped by SIGTERM at step (\d+); progress kept in checkpoint "
+                        + re.escape(ckpt) + r"/ckpt-(\d{9})\.pt", stderr)
+    assert stopped is not None and int(stopped[1]) == int(stopped[2]), stderr
+    step = int(stopped[1])
+    fs = s3_server.filesystem()
+    assert f"ckpt-{step:09d}.pt" in _objects(fs, ckpt)
+
+    rerun = run_cli("run", *common, "--output-dir", out, "--checkpoint-dir", ckpt,
+                    env=s3_server.env)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resumed from ckpt-{step:09d}.pt: step {step}" in rerun.stderr
+    resumed = json.loads(fs.cat_file(out.removeprefix("s3://") + "/summary.json"))
+    uninterrupted = read_json(tmp_path / "full" / "summary.json")
+    assert resumed["resumed_from_step"] == step
+    assert resumed["steps"] == uninterrupted["steps"]
+    assert resumed["val_accuracy"] == uninterrupted["val_accuracy"]
+    assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-12)

@@ -66,6 +66,7 @@ class Saver:
             # Created (and probed) now, not found missing at the first save after an epoch
             # of training, when the Trainer is used without the runner.
             checkpoint.check_writable(self.directory)
+        self.spec = cfg.dir
         self.every = cfg.every
         self.every_seconds = cfg.every_seconds
         self.keep = cfg.keep
@@ -137,6 +138,10 @@ class Saver:
         path = self.writer.submit(self.directory, step, state(), self.keep, then=self._upload)
         log.debug("saved %s", path)
         return path
+
+    def shown(self, path: Path) -> str:
+        """A saved checkpoint as the user named its place: for ``s3://`` its URL."""
+        return storage.shown(self.spec, path)
 
     def before_fork(self, loader: Any) -> None:
         """Let a write in flight finish before `loader` forks this process into workers
