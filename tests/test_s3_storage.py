@@ -184,3 +184,16 @@ def test_a_sigterm_mid_run_keeps_its_checkpoint_in_s3_and_the_rerun_resumes_ther
     assert resumed["steps"] == uninterrupted["steps"]
     assert resumed["val_accuracy"] == uninterrupted["val_accuracy"]
     assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-12)
+
+
+def test_the_s3_server_fixture_fails_with_the_build_error_when_weed_does_not_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tools.s3server
+    from tests.support.s3 import S3ServerUnavailable, SeaweedS3
+
+    def broken() -> Path:
+        raise tools.s3server.BuildError("go build ... failed:\nno Go module proxy here")
+
+    monkeypatch.setattr(tools.s3server, "weed", broken)
+    with pytest.raises(S3ServerUnavailable, match=r"(?s)did not build: go build .* proxy here"):
+        SeaweedS3(tmp_path).start()
