@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.s3 import SeaweedS3  # at module level: the slow marking below follows it
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -48,8 +50,6 @@ def cli() -> Any:
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real S3 server (SeaweedFS, tests/support/s3.py) with its bucket made; stopped after
     the module. Its build failing fails the test with the build's error."""
-    from tests.support.s3 import SeaweedS3
-
     with SeaweedS3(tmp_path_factory.mktemp("s3")) as server:
         yield server
 

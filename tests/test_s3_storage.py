@@ -60,7 +60,6 @@ def test_a_two_rank_run_checkpointed_in_s3_resumes_there_as_an_uninterrupted_run
     assert f"-> {out}/summary.json" in second.stderr
 
 
-@pytest.mark.slow  # starts the S3 server (and builds it once per machine)
 def test_a_newer_corrupt_checkpoint_in_s3_is_moved_aside_and_the_older_one_resumed(
         s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from trainer.components import checkpoint, storage
@@ -121,7 +120,6 @@ def test_an_s3_path_where_only_local_ones_work_is_one_line_and_exit_2(
     assert list(tmp_path.iterdir()) == []  # nothing written (no local folder named s3:)
 
 
-@pytest.mark.slow  # starts the S3 server (and builds it once per machine)
 def test_a_failed_upload_is_raised_by_the_next_wait_and_keeps_the_checkpoints_in_the_store(
         s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from trainer.components import storage
