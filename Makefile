@@ -30,9 +30,9 @@ $(VENV)/.installed-run: pyproject.toml
 	touch $@
 
 # Everything the tests and the linters import: the jobs CLI's kubernetes client, pytest and
-# the data formats, transformers, kmock, ruff, mypy.
+# the data formats, transformers, kmock, ruff, mypy, s3fs (the S3 tests).
 $(VENV)/.installed: $(VENV)/.installed-run
-	$(PIP) install -q $(PIP_LINKS) -e '.[k8s,test,lint]'
+	$(PIP) install -q $(PIP_LINKS) -e '.[k8s,test,lint,s3]'
 	touch $@
 
 $(VENV)/.installed-docs: $(VENV)/.installed-run
@@ -41,10 +41,13 @@ $(VENV)/.installed-docs: $(VENV)/.installed-run
 
 venv: $(VENV)/.installed
 
-# External binaries the tests drive for real: helm 3 + 4, kubectl, Prometheus/promtool.
+# External binaries the tests drive for real: helm 3 + 4, kubectl, Prometheus/promtool, and
+# SeaweedFS's weed (the S3 server of tests/test_s3_storage.py, built once per machine from
+# tools/s3server/go.mod: ~23 min cold on 2 shared cores).
 tools: venv
 	bash tools/install-helm.sh
 	bash tools/install-prometheus.sh
+	$(PY) -m tools.s3server
 
 # The container runtime of the end-to-end tests: podman + runc, netavark, debootstrap.
 e2e-tools:

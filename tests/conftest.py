@@ -7,10 +7,13 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.s3 import SeaweedS3  # at module level: the slow marking below follows it
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,6 +44,14 @@ def read_json(path: Path) -> dict[str, Any]:
 @pytest.fixture
 def cli() -> Any:
     return run_cli
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3 server (SeaweedFS, tests/support/s3.py) with its bucket made; stopped after
+    the module. Its build failing fails the test with the build's error."""
+    with SeaweedS3(tmp_path_factory.mktemp("s3")) as server:
+        yield server
 
 
 # -- test tiers --------------------------------------------------------------------------------

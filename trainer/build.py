@@ -21,7 +21,6 @@ import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from trainer import data, plugins
-from trainer.components import models, sharding, steps
+from trainer.components import models, sharding, steps, storage
 from trainer.components.optim import Schedule, build_optimizer
 from trainer.components.precision import Precision
 from trainer.components.steps import StepFn
@@ -189,9 +188,8 @@ def build_loop(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: Met
     saver = Saver(cfg.checkpoint, ctx.is_main, epochs=t.epochs, max_steps=t.max_steps)
     agreement = Agreement(ctx, stop, t.log_every, t.stop_check_seconds,
                           cfg.dist.timeout_seconds, min_seconds=t.log_seconds)
-    reporter = Reporter(metrics, ctx.device, ctx.is_main,
-                        Path(cfg.output.dir) / "steps.jsonl" if cfg.output.step_log else None,
-                        cfg.optim.grad_clip)
+    step_log = storage.local_dir(cfg.output.dir) / "steps.jsonl" if cfg.output.step_log else None
+    reporter = Reporter(metrics, ctx.device, ctx.is_main, step_log, cfg.optim.grad_clip)
     progress = Progress()
     grad_comm: contextlib.AbstractContextManager[None] = (
         Collective("the gradient all-reduce", cfg.dist.timeout_seconds)

@@ -173,6 +173,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # import (1.5 s of CPU), which the modules below make.
     cfg = _config(ns)
     from trainer.build import check_config
+    from trainer.components import storage
     from trainer.distributed.preemption import linger
     from trainer.metrics import start_launcher_exporter
     from trainer.ranks.launcher import check_nproc, check_script, launch
@@ -203,6 +204,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     else:
         check_config(cfg)  # import paths resolve, files exist; the ranks load the data
         check_output_dir(cfg.output.dir, create=True)  # once here, not once per rank
+        storage.check(cfg.checkpoint.dir, "checkpoint dir")  # an s3:// one: reachable, writable
         rank_argv = ["rank", config_text(cfg), *(["--debug"] if ns.debug else [])]
     exporter = start_launcher_exporter(cfg.metrics, ns.nproc_per_node)
     code: int | None = None
@@ -230,6 +232,9 @@ def cmd_script(ns: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(ns: argparse.Namespace) -> int:
+    from trainer.components import storage
+
+    storage.refuse(ns.checkpoint, "--checkpoint")
     if ns.timeout is not None:
         check_timeout("--timeout", ns.timeout, "use a number of seconds, e.g. 600")
     from trainer.ranks import runner

@@ -275,7 +275,8 @@ class TrainConfig:
 class CheckpointConfig:
     dir: str = ""
     """Directory for checkpoints; empty disables checkpointing. A run that finds a valid
-    checkpoint here resumes from it."""
+    checkpoint here resumes from it. `s3://bucket/prefix`: in S3 or an S3-compatible store
+    (the `s3` extra; the AWS variables, `AWS_ENDPOINT_URL`: docs/checkpoints.md)."""
     every: int = field(default=0, metadata=limits(minimum=0))
     """Checkpoint every N optimizer steps (0: off). With `every_seconds` also 0, every epoch
     end is checkpointed. The end of training and a SIGTERM are always checkpointed."""
@@ -326,7 +327,8 @@ class MetricsConfig:
 class OutputConfig:
     dir: str = "outputs"
     """Directory for `summary.json`, `eval.json`, `steps.jsonl` and `model/` (not empty;
-    checked before training). `summary.json` is replaced only by a finished run."""
+    checked before training). `summary.json` is replaced only by a finished run.
+    `s3://bucket/prefix`: uploaded there when rank 0 leaves (docs/checkpoints.md)."""
     step_log: bool = True
     """Rank 0 writes each step's training loss to `steps.jsonl` (once per log interval, so it
     costs no extra device sync): a fresh start moves the previous one aside to `steps.N.jsonl`

@@ -110,6 +110,12 @@ class CheckpointError(TrainerError):
     """No checkpoint could be written or read."""
 
 
+class StorageError(TrainerError):
+    """The object store of an ``s3://`` checkpoint.dir or output.dir cannot be reached, or
+    refused a request (credentials, a missing bucket): exit 2, as any environment the user
+    named that cannot be used."""
+
+
 LOOP = "is a symlink loop (a link that leads back to itself)"
 
 

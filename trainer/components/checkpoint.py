@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,14 @@ def snapshot(state: Any) -> Any:
     return state
 
 
+def _save_then(directory: Path, step: int, state: dict[str, Any], keep: int,
+               then: Callable[[Path], None] | None) -> Path:
+    path = save(directory, step, state, keep)
+    if then is not None:
+        then(path)
+    return path
+
+
 class AsyncWriter:
     """Writes checkpoints on a background thread: training continues while they are pickled,
     written and fsynced.
@@ -223,10 +232,12 @@ class AsyncWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
         self._pending: Future[Path] | None = None
 
-    def submit(self, directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    def submit(self, directory: Path, step: int, state: dict[str, Any], keep: int,
+               then: Callable[[Path], None] | None = None) -> Path:
+        """`then` (an upload to object storage) runs on the writer's thread after the save."""
         copy = snapshot(state)
         self.wait()
-        self._pending = self._pool.submit(save, directory, step, copy, keep)
+        self._pending = self._pool.submit(_save_then, directory, step, copy, keep, then)
         return checkpoint_path(directory, step)
 
     def in_flight(self) -> bool:
@@ -251,6 +262,11 @@ def read_payload(path: Path) -> bytes:
         raw = path.read_bytes()
     except OSError as exc:
         raise CheckpointError(f"cannot read {path} ({exc.strerror})", "check permissions") from None
+    return verified(raw, path)
+
+
+def verified(raw: bytes, path: Path | str) -> bytes:
+    """The payload of a checkpoint file's bytes `raw` (CheckpointError if torn or corrupt)."""
     head, sep, payload = raw.partition(b"\n")
     parts = head.split(b" ")
     if not sep or len(parts) != 3 or parts[0] != MAGIC:
@@ -262,6 +278,15 @@ def read_payload(path: Path) -> bytes:
     if digest(payload) != parts[1].decode():
         raise CheckpointError(f"{path} fails its checksum", "delete it; the previous one is used")
     return payload
+
+
+def problem_of_bytes(raw: bytes, where: str) -> str | None:
+    """Why the bytes of a checkpoint file are not valid, or None when they are."""
+    try:
+        verified(raw, where)
+    except CheckpointError as exc:
+        return exc.problem
+    return None
 
 
 def digest(payload: bytes) -> str:

@@ -34,8 +34,11 @@ def register(sub: Any) -> None:
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
+    from trainer.components import storage
     from trainer.export.files import check_out
 
+    storage.refuse(ns.checkpoint, "--checkpoint")
+    storage.refuse(ns.out, "--out")
     check_out(ns.out, ns.force)  # before reading a checkpoint of any size
     written = export_checkpoint(ns.checkpoint, Path(ns.out), ns.format, ns.force)
     files = ", ".join(sorted(p.name for p in written.iterdir()))

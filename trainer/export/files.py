@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from trainer import __version__
+from trainer.components import storage
 from trainer.config import CONFIG_VERSION, JobConfig
 from trainer.errors import ConfigError, OutputError
 
@@ -219,7 +220,8 @@ def export_run(cfg: JobConfig, model: nn.Module, *, num_classes: int | None,
                     source="the training run that wrote summary.json",
                     val_accuracy=summary.get("val_accuracy"),
                     train_loss=summary.get("train_loss"))
-    out = write_export(Path(cfg.output.dir) / "model", model.state_dict(), meta, model=model,
-                       force=True)
-    log.info("model exported -> %s (load it with safetensors, or trainer.load_checkpoint)", out)
+    out = write_export(storage.local_dir(cfg.output.dir) / "model", model.state_dict(), meta,
+                       model=model, force=True)
+    log.info("model exported -> %s (load it with safetensors, or trainer.load_checkpoint)",
+             storage.shown(cfg.output.dir, out))
     return out

@@ -101,7 +101,8 @@ class Policies:
             raise Preempted(f"stopped by SIGTERM at step {step}; progress is not kept "
                             "(checkpointing is off)", "set --checkpoint-dir so that a restart "
                             "resumes; restarting now starts again from step 0")
-        where = f"checkpoint {saved}" if saved else "the last checkpoint (rank 0 saved it)"
+        where = (f"checkpoint {self.saver.shown(saved)}" if saved
+                 else "the last checkpoint (rank 0 saved it)")
         raise Preempted(f"stopped by SIGTERM at step {step}; progress kept in {where}",
                         "nothing to fix: restarting the job resumes from there")
 

@@ -11,6 +11,7 @@ reduced), and rank 0 alone writes, on a background thread
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.components import checkpoint
+from trainer.components import checkpoint, storage
 from trainer.config import CheckpointConfig
 from trainer.data.loaders import forks_training_process
 
@@ -55,12 +56,17 @@ class Saver:
                  max_steps: int = 0) -> None:
         self.epochs = epochs
         self.max_steps = max_steps
-        self.directory = Path(cfg.dir) if cfg.dir else None
-        """None: checkpointing is off."""
+        self.directory = storage.local_dir(cfg.dir) if cfg.dir else None
+        """None: checkpointing is off. For an ``s3://`` dir: the local staging folder, each
+        checkpoint uploaded from there after its save (trainer.components.storage)."""
+        self._upload = (functools.partial(storage.push_checkpoint, cfg.dir, keep=cfg.keep,
+                                          verify=checkpoint.problem_of_bytes)
+                        if storage.is_remote(cfg.dir) else None)
         if self.directory is not None:
             # Created (and probed) now, not found missing at the first save after an epoch
             # of training, when the Trainer is used without the runner.
             checkpoint.check_writable(self.directory)
+        self.spec = cfg.dir
         self.every = cfg.every
         self.every_seconds = cfg.every_seconds
         self.keep = cfg.keep
@@ -129,9 +135,13 @@ class Saver:
         self._last_save = time.monotonic()
         if self.directory is None or not self.is_main:
             return None
-        path = self.writer.submit(self.directory, step, state(), self.keep)
+        path = self.writer.submit(self.directory, step, state(), self.keep, then=self._upload)
         log.debug("saved %s", path)
         return path
+
+    def shown(self, path: Path) -> str:
+        """A saved checkpoint as the user named its place: for ``s3://`` its URL."""
+        return storage.shown(self.spec, path)
 
     def before_fork(self, loader: Any) -> None:
         """Let a write in flight finish before `loader` forks this process into workers

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from trainer.components import storage
 from trainer.errors import LOOP, ConfigError, OutputError, missing
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,10 @@ def check_output_dir(directory: str, create: bool) -> None:
     fix = "point --output-dir at a writable directory"
     if not directory:
         raise ConfigError(f"{where} is empty", "name the directory, e.g. --output-dir outputs")
+    if storage.is_remote(directory):
+        if create:
+            storage.check(directory, where)
+        return
     path = Path(directory)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{where}: {directory} is not a directory", fix)

@@ -16,7 +16,7 @@ from torch import nn
 
 from trainer import __version__
 from trainer.build import Workload, build_parts, build_trainer, check_strategy
-from trainer.components import checkpoint, sharding
+from trainer.components import checkpoint, sharding, storage
 from trainer.components.compiling import check_available
 from trainer.components.evaluation import evaluate
 from trainer.components.precision import Precision
@@ -34,7 +34,7 @@ from trainer.loop.resume_check import training_state
 from trainer.metrics import RunInfo, build_metrics
 from trainer.placement import DistContext
 from trainer.ranks.dirlock import Held
-from trainer.ranks.lifecycle import rank_life
+from trainer.ranks.lifecycle import Rank, rank_life
 from trainer.ranks.outputs import write_json
 
 log = logging.getLogger(__name__)
@@ -77,16 +77,24 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         _check_alone(cfg, rank.ctx)
         workload = rank.prepare(model=model, dataset=dataset, step=step)
         rank.check_output_dir(cfg.output.dir)
-        directory = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+        out_dir = _staged_outputs(cfg.output.dir, rank)
+        ckpt_spec = cfg.checkpoint.dir
+        directory = storage.local_dir(ckpt_spec) if ckpt_spec else None
         if directory is not None:
+            rank.close_at_exit(lambda: storage.drop_staging(ckpt_spec))
+            storage.check(ckpt_spec, "checkpoint dir")
             checkpoint.check_writable(directory)
         if rank.ctx.rank == 0:  # for the whole run, before anything is written there
             held = Held()
             rank.close_at_exit(held.release)
-            held.take(Path(cfg.output.dir), "output.dir", "pass another --output-dir")
+            held.take(out_dir, "output.dir", "pass another --output-dir")
             if directory is not None:
                 held.take(directory, "checkpoint dir", "pass another --checkpoint-dir")
-        starts = None if directory is None else checkpoint.count_start(directory, rank.ctx.rank)
+        starts = None
+        if directory is not None:
+            starts = (storage.count_start(ckpt_spec, rank.ctx.rank)
+                      if storage.is_remote(ckpt_spec)
+                      else checkpoint.count_start(directory, rank.ctx.rank))
         stop = StopFlag()
         stop.install()  # before joining, so an early SIGTERM is not lost
         rank.close_at_exit(stop.uninstall)
@@ -104,13 +112,16 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         rank.close_at_exit(trainer.loop.saver.close)
         with watching(cfg.dist, ctx, trainer.loop.beacon, metrics, directory,
                       cfg.metrics.linger_seconds if metrics.port else 0.0):
+            if ctx.is_main and storage.is_remote(ckpt_spec):  # the others get rank 0's bytes
+                storage.pull_latest(ckpt_spec, checkpoint.problem_of_bytes)
             resumed = agree_resume(directory, ctx, cfg.dist.timeout_seconds)
             if resumed is not None:
                 trainer.resume(resumed)
             summary = trainer.train()
         rank.completed = True
         if ctx.is_main:
-            path = write_json(cfg.output.dir, "summary.json", summary)
+            path = storage.shown(cfg.output.dir,
+                                 write_json(str(out_dir), "summary.json", summary))
             accuracy, named = summary["val_accuracy"], summary["val_metrics"]
             # Classification's line as it was; another task names its own metrics.
             scored = ("val accuracy " + ("none" if accuracy is None else f"{accuracy:.4f}")
@@ -147,6 +158,7 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
                           {"model": model, "dataset": dataset, "step": step})
     with rank_life(cfg) as rank:
         rank.check_output_dir(output_dir)
+        out_dir = _staged_outputs(output_dir, rank)
         workload = rank.prepare(model=model, dataset=None if dataset_spec else dataset,
                                 step=step)
         if not len(workload.splits.val):
@@ -175,7 +187,7 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
                   "metrics": result.metrics, "world_size": ctx.world_size, "checkpoint": str(path),
                   "dataset": cfg.data.dataset}
         if ctx.is_main:
-            out = write_json(output_dir, "eval.json", report)
+            out = storage.shown(output_dir, write_json(str(out_dir), "eval.json", report))
             named = result.metrics
             # Classification's line as it was; another task names its own metrics.
             scored = (f"accuracy {result.accuracy!r} ({result.correct}/{result.total})"
@@ -185,6 +197,18 @@ def evaluate_checkpoint(path: str, dataset_spec: str | None, output_dir: str, *,
             print(f"{scored} -> {out}")
         rank.completed = True
         return report
+
+
+def _staged_outputs(spec: str, rank: Rank) -> Path:
+    """Where this rank writes `spec`'s files: the directory, or for ``s3://`` a staging folder
+    whose files rank 0 uploads when it leaves (step logs of earlier runs downloaded first)."""
+    local = storage.local_dir(spec)
+    if storage.is_remote(spec):
+        rank.close_at_exit(lambda: storage.drop_staging(spec))
+        if rank.ctx.rank == 0:
+            storage.pull_outputs(spec)
+            rank.close_at_exit(lambda: storage.push_outputs(spec))
+    return local
 
 
 def _scored_checkpoint(path: str) -> dict[str, Any]:
