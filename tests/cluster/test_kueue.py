@@ -104,17 +104,16 @@ def submit(cluster: Cluster, namespace: str, tmp: Path, *layers: dict[str, Any],
 
 def pods(release: Release, field: str = "name") -> list[str]:
     """The job's pods' names (or uids: the operator recreates a pod under the same name)."""
-    label = ("jobset.sigs.k8s.io/jobset-name" if release.kind == "trainjob"
-             else "training.kubeflow.org/job-name")
     return release.cluster.kubectl(
-        "get", "pods", "-n", release.namespace, "-l", f"{label}={release.job}",
+        "get", "pods", "-n", release.namespace, "-l",
+        f"training.kubeflow.org/job-name={release.job}",
         "-o", f"jsonpath={{.items[*].metadata.{field}}}").stdout.split()
 
 
 def ended(release: Release) -> bool:
-    """The job's Succeeded (PyTorchJob) or Complete (TrainJob) condition, or Failed, is True."""
+    """The job's Succeeded or Failed condition is True."""
     job = release.cluster.get(release.kind, release.job, release.namespace)
-    return any(c["type"] in ("Succeeded", "Complete", "Failed") and c["status"] == "True"
+    return any(c["type"] in ("Succeeded", "Failed") and c["status"] == "True"
                for c in job.get("status", {}).get("conditions", []))
 
 
@@ -134,11 +133,11 @@ def condition(release: Release, kind: str) -> dict[str, Any]:
                  if c["type"] == kind), {})
 
 
-@pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
 def test_a_second_job_waits_without_pods_and_both_end_as_if_alone(
-        cluster: Cluster, queue: str, tmp_path: Path, kind: str) -> None:
-    # 30 epochs: long enough to see the second wait, short for the CI's time
-    layer = {"apiKind": kind, "trainerConfig": {"train": {"epochs": 30}}}
+        cluster: Cluster, queue: str, tmp_path: Path) -> None:
+    # 30 epochs: long enough to see the second wait, short for the CI's time. PyTorchJobs
+    # only: Trainer v2.3.0 cannot resume the TrainJob Kueue admits (docs/queues.md).
+    layer = {"trainerConfig": {"train": {"epochs": 30}}}
     first = submit(cluster, queue, tmp_path, layer)
     wait_until(lambda: condition(first, "Admitted").get("status") == "True",
                "the first job admitted")
