@@ -174,6 +174,15 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer
     return model_state, by_index(optimizer_state)
 
 
+def full_model_state(model: nn.Module) -> dict[str, Any]:
+    """The model's full weights, gathered on the CPU of rank 0 (empty elsewhere): a
+    collective, every rank calls it (the export of an FSDP run)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return dict(get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+
+
 def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any],
                optimizer_state: dict[str, Any]) -> None:
     """Full state dicts (every rank holds them) into the sharded model and optimizer: each

@@ -98,8 +98,10 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _save_pretrained(model: nn.Module, where: Path, class_names: Sequence[str]) -> None:
-    """``save_pretrained`` with the class names as the config's labels (then put back)."""
+def _save_pretrained(model: nn.Module, where: Path, class_names: Sequence[str],
+                     state: Mapping[str, Any]) -> None:
+    """``save_pretrained`` of `state` (the full weights: a sharded model's own are pieces)
+    with the class names as the config's labels (then put back)."""
     config: Any = getattr(model, "config", None)
     saved = (getattr(config, "id2label", None), getattr(config, "label2id", None))
     named = bool(class_names) and len(class_names) == getattr(config, "num_labels", -1)
@@ -110,7 +112,7 @@ def _save_pretrained(model: nn.Module, where: Path, class_names: Sequence[str]) 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a bar per save in a training log says nothing
     try:
-        model.save_pretrained(str(where))  # type: ignore[operator]
+        model.save_pretrained(str(where), state_dict=dict(state))  # type: ignore[operator]
     finally:
         if bars:
             hf_logging.enable_progress_bar()
@@ -143,7 +145,7 @@ def write_export(out: Path, state: Mapping[str, Any], meta: dict[str, Any], *,
         hf = is_transformers(model)
         if hf:
             assert model is not None
-            _save_pretrained(model, tmp, meta.get("class_names") or ())
+            _save_pretrained(model, tmp, meta.get("class_names") or (), state)
         weights = WEIGHTS[fmt]
         if not hf or fmt != "safetensors":  # save_pretrained wrote model.safetensors
             _write_weights(plain_state(state), tmp / weights, fmt)
@@ -211,17 +213,19 @@ def describe(cfg: JobConfig | Mapping[str, Any], *, step: int | None, epoch: int
 
 def export_run(cfg: JobConfig, model: nn.Module, *, num_classes: int | None,
                sample_shape: Sequence[int] | None, class_names: Sequence[str] | None,
-               objects: Mapping[str, str], summary: Mapping[str, Any]) -> Path:
-    """The trained model into ``<output.dir>/model`` at the end of a run (rank 0), replacing
-    the previous run's."""
+               objects: Mapping[str, str], summary: Mapping[str, Any],
+               state: Mapping[str, Any] | None = None) -> Path:
+    """The trained model (its weights `state`, by default its own) into
+    ``<output.dir>/model`` at the end of a run (rank 0), replacing the previous run's."""
     meta = describe(cfg, step=summary.get("steps"), epoch=summary.get("epochs"),
                     class_names=class_names, num_classes=num_classes,
                     sample_shape=sample_shape, objects=objects,
                     source="the training run that wrote summary.json",
                     val_accuracy=summary.get("val_accuracy"),
                     train_loss=summary.get("train_loss"))
-    out = write_export(storage.local_dir(cfg.output.dir) / "model", model.state_dict(), meta,
-                       model=model, force=True)
+    out = write_export(storage.local_dir(cfg.output.dir) / "model",
+                       model.state_dict() if state is None else state, meta, model=model,
+                       force=True)
     log.info("model exported -> %s (load it with safetensors, or trainer.load_checkpoint)",
              storage.shown(cfg.output.dir, out))
     return out

@@ -119,6 +119,9 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
                 trainer.resume(resumed)
             summary = trainer.train()
         rank.completed = True
+        # an FSDP model's weights are pieces on every rank: gathered by all, for rank 0's export
+        full = (sharding.full_model_state(workload.model)
+                if cfg.output.export and sharding.is_sharded(workload.model) else None)
         if ctx.is_main:
             path = storage.shown(cfg.output.dir,
                                  write_json(str(out_dir), "summary.json", summary))
@@ -138,7 +141,7 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
                 export_run(cfg, workload.model, num_classes=workload.splits.num_classes,
                            sample_shape=workload.splits.sample_shape,
                            class_names=workload.splits.class_names, objects=workload.objects,
-                           summary=summary)
+                           summary=summary, state=full)
         metrics.log({"run/completed": 1.0}, summary["steps"])
         return summary
 
