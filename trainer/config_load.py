@@ -115,6 +115,12 @@ layer may hold: nine lines of YAML aliases expand to 387 million (a "billion lau
 grew `run`'s launcher to 3.4 GB as it passed the config to its ranks."""
 
 
+def _too_many(source: str) -> ConfigError:
+    return ConfigError(f"{source} expands to more than {MAX_VALUES:,} values (YAML aliases "
+                       "repeated inside each other)",
+                       "write the values out; a config needs far fewer")
+
+
 def _check_size(overrides: Any, source: str) -> None:
     """Refuse a layer that expands beyond MAX_VALUES, in at most that many steps (a walk that
     stops there, iterative: a deep nesting or a cycle of aliases cannot run it away)."""
@@ -123,9 +129,7 @@ def _check_size(overrides: Any, source: str) -> None:
         value = stack.pop()
         seen += 1
         if seen > MAX_VALUES:
-            raise ConfigError(f"{source} expands to more than {MAX_VALUES:,} values (YAML "
-                              "aliases repeated inside each other)",
-                              "write the values out; a config needs far fewer")
+            raise _too_many(source)
         if isinstance(value, dict):
             stack.extend(value.values())
         elif isinstance(value, list):
@@ -248,9 +252,12 @@ def _yaml(text: str, where: str) -> Any:
     except RecursionError:
         loaded = None
     else:
-        stack, deepest = [(loaded, 0)], 0
+        stack, deepest, seen = [(loaded, 0)], 0, 0
         while stack and deepest <= MAX_DEPTH:  # not recursive: the value may be that deep
             value, depth = stack.pop()
+            seen += 1
+            if seen > MAX_VALUES:  # a billion laughs: 387 million values to walk
+                raise _too_many(where)
             deepest = max(deepest, depth)
             children = value.values() if isinstance(value, dict) else value if isinstance(
                 value, list) else ()
