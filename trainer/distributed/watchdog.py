@@ -48,6 +48,11 @@ from trainer.placement import DistContext
 
 log = logging.getLogger(__name__)
 
+HISTORY = ".hangs-rank-{rank}.jsonl"
+"""Each rank's record of the hangs it fired on, beside the checkpoints (they outlive a
+restart: the same hang again exits 6)."""
+HISTORY_GLOB = HISTORY.format(rank="*")
+
 STEP_MULTIPLE = 20.0
 """A step this many times slower than the median is no longer a slow step."""
 EXPECTED_MULTIPLE = 3.0
@@ -245,11 +250,15 @@ class Watchdog:
             threading.Event().wait(0.2)
 
     def _seen_before(self, place: str) -> bool:
+        """Whether any rank recorded this hang before: every rank's history, since the rank
+        that builds the verdict (the others adopt it) varies from one attempt to the next."""
         if self.history is None:
             return False
-        with contextlib.suppress(OSError, ValueError):
-            lines = self.history.read_text(encoding="utf-8").splitlines()
-            return any(json.loads(line).get("place") == place for line in lines if line)
+        for history in self.history.parent.glob(HISTORY_GLOB):
+            with contextlib.suppress(OSError, ValueError):
+                lines = history.read_text(encoding="utf-8").splitlines()
+                if any(json.loads(line).get("place") == place for line in lines if line):
+                    return True
         return False
 
     def _record(self, place: str) -> None:
@@ -294,7 +303,7 @@ def watch(cfg: DistConfig, ctx: DistContext, beacon: Beacon, metrics: Metrics,
     return Watchdog(
         beacon, board, ctx.rank, ctx.world_size, hang_seconds=cfg.hang_seconds,
         timeout_seconds=cfg.timeout_seconds, metrics=metrics,
-        history=checkpoint_dir / f".hangs-rank-{ctx.rank}.jsonl" if checkpoint_dir else None,
+        history=checkpoint_dir / HISTORY.format(rank=ctx.rank) if checkpoint_dir else None,
         hosts_store=ctx.initialized and ctx.rank == 0 and not agent,
         linger_seconds=linger_seconds,
         # under `ddp-trainer run` the launcher prints the verdict once, as its cause line
