@@ -4,6 +4,7 @@ seed). And what the v1.9.4 operator really does under `restartPolicy: ExitCode`.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -368,17 +369,27 @@ def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninte
     release.install(chart_ref, tmp=tmp_path)
     alert = wait_for_alert(release, "DDPTrainerRankHung", timeout=240, labels={"rank": "1"})
     assert alert["labels"]["phase"] == "step", alert
-    got = finished(release)
-    assert_same_as(got, uninterrupted)
-    for pod in rank_pods(release):
-        # the hung attempt's end: the container's last state (its state is the resumed run's)
-        status = cluster.get("pod", pod, namespace)["status"]
-        (container,) = status["containerStatuses"]
-        ended = container["lastState"]["terminated"]
-        assert ended["exitCode"] == 142, (pod, container)
-        line = ended["message"].strip()
+    ended: dict[str, dict[str, Any]] = {}
+
+    def restarted() -> bool:
+        # the hung attempt's end: the container's last state, read while the pods exist (the
+        # operator may delete them once the job has succeeded)
+        for pod in rank_pods(release):
+            with contextlib.suppress(KubectlError):
+                (container,) = cluster.get("pod", pod, namespace)["status"]["containerStatuses"]
+                last = container.get("lastState", {}).get("terminated")
+                if last:
+                    ended[pod] = last
+        return len(ended) == 2
+
+    wait_until(restarted, "both ranks' containers restarted after the hang")
+    for pod, last in ended.items():
+        assert last["exitCode"] == 142, (pod, last)
+        line = last["message"].strip()
         assert line.startswith("error: hang: rank 1 (pod ") and "in user code" in line \
             and "hangs.py:" in line and "rank 0 waits for it" in line, (pod, line)
+    got = finished(release)
+    assert_same_as(got, uninterrupted)
     status = jobs("status", release.job, "-n", namespace).stdout
     assert "Hung:        rank 1 (pod " in status, status
     # the Warning event on the job (the chart's Role: create events, get the job)
