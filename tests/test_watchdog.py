@@ -195,3 +195,17 @@ def test_one_event_per_hang_by_the_first_rank_to_claim_it_whichever_rank_that_is
                          hang_seconds=10.0, timeout_seconds=60.0, metrics=Recorder())
     assert restarted.first_to_post()  # the next attempt's hang gets its own event
     del server
+
+
+def test_a_lost_peer_without_a_hang_verdict_is_settled_in_one_check_not_two_beats() -> None:
+    # at the default 180 s a beat is 18 s: waiting two beats for a verdict that never comes
+    # delayed every lost peer's exit 4 by 46 s (a two-node partition test failed its bound)
+    dog, fired = watchdog(Beacon(), world=2, hang=180.0)
+    dog.start()
+    try:
+        started = time.monotonic()
+        dog.settle()
+        took = time.monotonic() - started
+    finally:
+        dog.stop()
+    assert not fired and took < 5.0, took
