@@ -49,8 +49,10 @@ TOLERATIONS: dict[str, dict[str, Any]] = {
     "value-not-a-label-value": {"key": "a", "value": "x y!"},
     "seconds-above-int64": {"key": "a", "effect": "NoExecute",
                             "tolerationSeconds": 2**63},
-    "seconds-at-int64-max": {"key": "a", "effect": "NoExecute",
-                             "tolerationSeconds": 2**63 - 1},
+    # Helm reads values as float64: 2**63 - 1 arrives as 2**63 (refused by the schema's int64
+    # maximum) and any value above 2**53 renders rounded; the largest it keeps exactly
+    "seconds-at-2-to-the-53": {"key": "a", "effect": "NoExecute",
+                               "tolerationSeconds": 2**53},
 }
 
 
