@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -161,12 +162,20 @@ def test_phase_metrics_export_one_phase_at_a_time() -> None:
     assert registry.get_sample_value("trainer_phase", {"rank": "1", "phase": "step"}) == 0.0
 
 
-def test_heartbeats_and_a_declared_verdict_round_trip_through_a_real_tcp_store() -> None:
+@pytest.fixture
+def port() -> Iterator[int]:
+    """The port of a real TCPStore server on localhost, for the rest of the test."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = dist.TCPStore("127.0.0.1", port, is_master=True,  # type: ignore[attr-defined]
+        free = s.getsockname()[1]
+    server = dist.TCPStore("127.0.0.1", free, is_master=True,  # type: ignore[attr-defined]
                            wait_for_workers=False)
+    yield free
+    del server
+
+
+def test_heartbeats_and_a_declared_verdict_round_trip_through_a_real_tcp_store(
+        port: int) -> None:
     board = StoreBoard("127.0.0.1", port, attempt=0)
     assert board.read(2) == {} and board.declared(2) == {}
     board.publish(beat(1, "step", where="x.py:1 in f"))
@@ -176,17 +185,12 @@ def test_heartbeats_and_a_declared_verdict_round_trip_through_a_real_tcp_store()
     assert board.declared(2) == {1: "error: hang: ..."}
     other_attempt = StoreBoard("127.0.0.1", port, attempt=1)
     assert other_attempt.read(2) == {}  # a restart reads no dead rank's heartbeat
-    del server
 
 
-def test_one_event_per_hang_by_the_first_rank_to_claim_it_whichever_rank_that_is() -> None:
+def test_one_event_per_hang_by_the_first_rank_to_claim_it_whichever_rank_that_is(
+        port: int) -> None:
     # rank 1 built the verdict and claims first; rank 0 adopts it and must not post again
     # (deciding by the lowest rank posted no event at all in this order, on the cluster)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = dist.TCPStore("127.0.0.1", port, is_master=True,  # type: ignore[attr-defined]
-                           wait_for_workers=False)
     dogs = [Watchdog(Beacon(), StoreBoard("127.0.0.1", port, attempt=0), rank, 2,
                      hang_seconds=10.0, timeout_seconds=60.0, metrics=Recorder())
             for rank in (0, 1)]
@@ -194,7 +198,6 @@ def test_one_event_per_hang_by_the_first_rank_to_claim_it_whichever_rank_that_is
     restarted = Watchdog(Beacon(), StoreBoard("127.0.0.1", port, attempt=1), 0, 2,
                          hang_seconds=10.0, timeout_seconds=60.0, metrics=Recorder())
     assert restarted.first_to_post()  # the next attempt's hang gets its own event
-    del server
 
 
 def test_a_lost_peer_without_a_hang_verdict_is_settled_in_one_check_not_two_beats() -> None:
