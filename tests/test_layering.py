@@ -18,7 +18,7 @@ PACKAGE = REPO / "trainer"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # lowest first: a module may import its own layer's modules and the layers before it
     ("trainer", "trainer.errors"),
-    ("trainer.config", "trainer.plugins", "trainer.config_load"),
+    ("trainer.config", "trainer.plugins", "trainer.config_yaml", "trainer.config_load"),
     # stacks: DataLoader workers (trainer.data) register the hang watchdog's stack dump
     ("trainer.usercode", "trainer.placement", "trainer.stacks"),
     ("trainer.components", "trainer.data", "trainer.sampling", "trainer.metrics",

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from trainer import config_yaml
 from trainer.config import (
     BACKENDS,
     DATA_FORMATS,
@@ -109,27 +108,16 @@ def _section_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-MAX_VALUES = 1_000_000
-"""Most values (scalars, lists and mappings, each alias counted where it is used) a config
-layer may hold: nine lines of YAML aliases expand to 387 million (a "billion laughs"), which
-grew `run`'s launcher to 3.4 GB as it passed the config to its ranks."""
-
-
-def _too_many(source: str) -> ConfigError:
-    return ConfigError(f"{source} expands to more than {MAX_VALUES:,} values (YAML aliases "
-                       "repeated inside each other)",
-                       "write the values out; a config needs far fewer")
-
-
 def _check_size(overrides: Any, source: str) -> None:
-    """Refuse a layer that expands beyond MAX_VALUES, in at most that many steps (a walk that
-    stops there, iterative: a deep nesting or a cycle of aliases cannot run it away)."""
+    """Refuse a layer that expands beyond :data:`~trainer.config_yaml.MAX_VALUES`, in at most
+    that many steps (a walk that stops there, iterative: a deep nesting or a cycle of aliases
+    cannot run it away)."""
     stack, seen = [overrides], 0
     while stack:
         value = stack.pop()
         seen += 1
-        if seen > MAX_VALUES:
-            raise _too_many(source)
+        if seen > config_yaml.MAX_VALUES:
+            raise config_yaml.too_many(source)
         if isinstance(value, dict):
             stack.extend(value.values())
         elif isinstance(value, list):
@@ -169,105 +157,6 @@ def merge(cfg: JobConfig, overrides: dict[str, Any], source: str) -> JobConfig:
     return cfg
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    keeps the last one silently). A merge key (``<<: *defaults``) is not a key of its own: its
-    keys are merged as YAML 1.1 does, the mapping's own keys winning over them."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # SafeConstructor.flatten_mapping merges it
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            try:
-                seen.add(key)
-            except TypeError:  # `{{}: 1}`: PyYAML's own check comes after this one
-                raise yaml.constructor.ConstructorError(
-                    None, None, "a mapping or list used as a key", key_node.start_mark) from None
-        return super().construct_mapping(node, deep)
-
-
-# YAML 1.2's floats, which PyYAML (YAML 1.1) reads as strings when they have an exponent and no
-# dot: `1e-05` is how Helm's toYaml writes `lr: 0.00001` from a chart's values, and how Python
-# and JSON print small numbers.
-_UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML error in one line: the problem and where (PyYAML's own text spans lines)."""
-    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return f"{exc.problem}{where}"
-    return " ".join(str(exc).split())
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    fix = "pass a readable UTF-8 YAML file to --config"
-    if str(path) == "":
-        raise ConfigError("--config '' names no file", "pass a YAML file, or leave --config out")
-    if p.is_dir():
-        raise ConfigError(f"config file {p} is a directory", fix)
-    if not p.exists():
-        why, missing_fix = missing(p, "pass an existing file to --config")
-        raise ConfigError(f"config file {p} {why}", missing_fix)
-    if not p.is_file():
-        raise ConfigError(f"config file {p} is not a regular file (a device, pipe or socket)",
-                          fix)
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"config file {p} cannot be read ({exc.strerror})", fix) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {p} is not UTF-8 text (byte "
-                          f"0x{exc.object[exc.start]:02x} at offset {exc.start})",
-                          "save it as UTF-8") from None
-    try:
-        loaded = _yaml(text, f"config file {p}")
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p} is not valid YAML: {yaml_problem(exc)}",
-                          "fix the YAML there (each key once per mapping)") from None
-    return loaded or {}
-
-
-MAX_DEPTH = 100
-"""Deepest nesting of lists and mappings a config value may have: PyYAML's loader, and the
-copies and dumps of the config after it, recurse once per level (3000 levels raised
-RecursionError)."""
-
-
-def _yaml(text: str, where: str) -> Any:
-    """`text` loaded with the unique-key loader; ConfigError, naming `where`, when it nests
-    deeper than :data:`MAX_DEPTH`."""
-    try:
-        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
-    except RecursionError:
-        loaded = None
-    else:
-        stack, deepest, seen = [(loaded, 0)], 0, 0
-        while stack and deepest <= MAX_DEPTH:  # not recursive: the value may be that deep
-            value, depth = stack.pop()
-            seen += 1
-            if seen > MAX_VALUES:  # a billion laughs: 387 million values to walk
-                raise _too_many(where)
-            deepest = max(deepest, depth)
-            children = value.values() if isinstance(value, dict) else value if isinstance(
-                value, list) else ()
-            stack.extend((child, depth + 1) for child in children)
-        if deepest <= MAX_DEPTH:
-            return loaded
-    raise ConfigError(f"{where} nests lists or mappings more than {MAX_DEPTH} levels deep",
-                      "flatten it: no config value needs that many levels")
-
-
 def parse_set(items: list[str]) -> dict[str, Any]:
     """Turn `--set section.key=value` items into a nested mapping; values are YAML scalars.
 
@@ -291,11 +180,12 @@ def parse_set(items: list[str]) -> dict[str, Any]:
                                   f"{_short(part, SHOWN)}", "set a key or its sub-keys, not both")
             node = child
         try:
-            node[parts[-1]] = _yaml(raw, f"--set {_short(name, SHOWN)}") if raw else ""
+            node[parts[-1]] = config_yaml.parse(raw, f"--set {_short(name, SHOWN)}") if raw else ""
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {_short(item, SHOWN)}: the value is not valid YAML: "
-                              f"{yaml_problem(exc)}", "write a YAML scalar, [list] or {mapping} "
-                              "with each key once (quote a string that is none of these)") from None
+                              f"{config_yaml.yaml_problem(exc)}",
+                              "write a YAML scalar, [list] or {mapping} with each key once "
+                              "(quote a string that is none of these)") from None
     return out
 
 
@@ -304,7 +194,7 @@ def build_config(config_file: str | None, *cli: dict[str, Any]) -> JobConfig:
     the flags: each value type-checked even when a later layer replaces it); validated."""
     cfg = JobConfig()
     if config_file is not None:
-        merge(cfg, load_yaml(config_file), f"config file {config_file}")
+        merge(cfg, config_yaml.load_yaml(config_file), f"config file {config_file}")
     for layer in cli:
         merge(cfg, layer, "command line")
     validate(cfg)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from trainer.config_load import yaml_problem
+from trainer.config_yaml import yaml_problem
 from trainer.errors import first_line, missing
 from trainer.jobs.errors import KubeconfigError
 
