@@ -100,6 +100,18 @@ def test_the_cgroup_v1_quota_counts_where_there_is_no_v2_file(tmp_path: Path) ->
         1, "cgroup cpu quota 1.5 / 1 rank")
 
 
+def test_the_throttled_time_is_read_from_cgroup_v2_or_v1_cpu_stat(tmp_path: Path) -> None:
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    (v1 / "cpu,cpuacct").mkdir(parents=True)
+    v2.mkdir()
+    (v2 / "cpu.stat").write_text("usage_usec 9000000\nnr_throttled 40\nthrottled_usec 2500000\n")
+    (v1 / "cpu,cpuacct" / "cpu.stat").write_text(
+        "nr_periods 355\nnr_throttled 344\nthrottled_time 17612089120\n")
+    assert threads.cgroup_throttled_seconds(v2) == 2.5
+    assert threads.cgroup_throttled_seconds(v1) == pytest.approx(17.61208912)
+    assert threads.cgroup_throttled_seconds(tmp_path / "none") == 0.0
+
+
 @pytest.mark.parametrize("make", [lambda p: cgroup_v2(p, "max 100000"),
                                   lambda p: cgroup_v1(p, -1, 100000), lambda p: p])
 def test_without_a_quota_the_cores_this_process_may_use_count(

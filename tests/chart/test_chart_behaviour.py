@@ -360,6 +360,23 @@ def test_a_queued_job_is_created_suspended_with_its_queue_labels(
                "TrainJob")["spec"]["suspend"] is False
 
 
+def test_a_queued_jobs_rank_may_list_workloads_to_export_its_time_queued(helm4: str) -> None:
+    def rules_and_env(*sets: str) -> tuple[list[dict], dict[str, str]]:
+        docs = render(helm4, sets=sets)
+        role = one(docs, "Role")
+        (container,) = [c for t in pod_templates(one(docs, "PyTorchJob")).values()
+                        for c in t["spec"]["containers"]][:1]
+        return role["rules"], {e["name"]: e.get("value", "") for e in container["env"]}
+
+    rules, env = rules_and_env(*QUEUED)
+    assert {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+            "verbs": ["list"]} in rules
+    assert env["DDP_TRAINER_QUEUE"] == "team-a"
+    rules, env = rules_and_env()
+    assert all("kueue.x-k8s.io" not in r["apiGroups"] for r in rules)
+    assert "DDP_TRAINER_QUEUE" not in env
+
+
 def test_a_queue_name_that_is_no_label_value_is_refused(helm4: str) -> None:
     for value in ("scheduling.kueue.queueName=Team_A", "scheduling.kueue.priorityClass=-high"):
         proc = run_helm(helm4, "template", RELEASE, str(CHART), "--set", value)

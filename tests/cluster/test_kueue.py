@@ -196,6 +196,10 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_exactly(
     assert_same_as(got, got_high)  # the same values: the uninterrupted run's numbers
     redone = saved - got.summary["resumed_from_step"]
     assert redone == 0, (saved, got.summary)
+    # rank 0 read its Workload when readmitted: one preemption, exported and logged
+    master = f"{low.job}-master-0"
+    log = cluster.logs(master, low.namespace)
+    assert "evicted 1 time(s) before (1 preempted)" in log, log[-2000:]
     since = dt.datetime.fromisoformat(evicted["lastTransitionTime"].replace("Z", "+00:00"))
     readmitted = condition(low, "Admitted")
     print(f"steps redone: {redone}; preempted at {since}, readmitted "

@@ -59,6 +59,7 @@ def test_every_series_exists_at_zero_before_the_first_log() -> None:
         "trainer_samples_total",
         "trainer_data_wait_seconds_total",
         "trainer_forward_seconds_total",
+        "trainer_cpu_throttled_seconds_total",
         "trainer_restarts_total",
         "trainer_step_duration_seconds_count",
         "trainer_learning_rate",
@@ -108,6 +109,7 @@ def test_train_interval_log_sets_gauges_and_accumulates_counters() -> None:
         "train/step_seconds": [0.004] * 8 + [0.2, 3.0],
         "train/data_wait_seconds": 0.125,
         "train/forward_seconds": 0.5,
+        "train/cpu_throttled_seconds": 0.25,
         "train/lr": 0.05,
         "train/grad_norm": 3.5,
         "train/skipped_steps": 2,
@@ -123,6 +125,7 @@ def test_train_interval_log_sets_gauges_and_accumulates_counters() -> None:
     assert get(reg, "trainer_samples_total", rank="0") == 640
     assert get(reg, "trainer_data_wait_seconds_total", rank="0") == 0.25
     assert get(reg, "trainer_forward_seconds_total", rank="0") == 1.0
+    assert get(reg, "trainer_cpu_throttled_seconds_total", rank="0") == 0.5
     assert get(reg, "trainer_learning_rate", rank="0") == 0.05
     assert get(reg, "trainer_grad_norm", rank="0") == 3.5
     assert get(reg, "trainer_skipped_steps_total", rank="0") == 4
@@ -135,6 +138,14 @@ def test_train_interval_log_sets_gauges_and_accumulates_counters() -> None:
     assert get(reg, "trainer_step_duration_seconds_bucket", rank="0", le="0.25") == 18
     assert get(reg, "trainer_step_duration_seconds_bucket", rank="0", le="2.5") == 18
     assert get(reg, "trainer_step_duration_seconds_bucket", rank="0", le="+Inf") == 20
+
+
+def test_the_queue_keys_set_the_queue_gauges() -> None:
+    m, reg = fresh()
+    m.update({"queue/wait_seconds": 184.0, "queue/evictions": 3, "queue/preemptions": 1})
+    assert get(reg, "trainer_queue_wait_seconds", rank="0") == 184.0
+    assert get(reg, "trainer_queue_evictions", rank="0") == 3
+    assert get(reg, "trainer_queue_preemptions", rank="0") == 1
 
 
 def test_validation_sets_per_rank_and_exact_global_values() -> None:

@@ -142,6 +142,25 @@ def cgroup_quota(root: Path = CGROUP_ROOT) -> float | None:
     return None
 
 
+def cgroup_throttled_seconds(root: Path = CGROUP_ROOT) -> float:
+    """Seconds this cgroup's CFS quota has held its processes back so far (`cpu.stat`:
+    v2 ``throttled_usec``, v1 ``throttled_time`` in ns); 0 where there is no quota or no such
+    file (the kubelet's cAdvisor exports the same as
+    ``container_cpu_cfs_throttled_seconds_total``, where it is scraped)."""
+    for stat, key, scale in (("cpu.stat", "throttled_usec", 1e-6),
+                             ("cpu/cpu.stat", "throttled_time", 1e-9),
+                             ("cpu,cpuacct/cpu.stat", "throttled_time", 1e-9)):
+        try:
+            lines = (root / stat).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value) * scale
+    return 0.0
+
+
 def ranks_per_pod(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     try:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from trainer.components.evaluation import EvalResult
+from trainer.distributed import queue_report, threads
 from trainer.loop.interval_stats import StepLog, progress_bar
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class Reporter:
         self._said_no_validation = False
         self.accuracy = True
         """Whether the task scores an accuracy (off for regression and lm: no false 0s)."""
+        self._throttled = threads.cgroup_throttled_seconds()
 
     def start(self, planned: int, step: int, resumed_step: int | None) -> None:
         self.planned = planned
@@ -76,6 +78,11 @@ class Reporter:
             self.step_log.fresh = resumed_step is None  # steps.jsonl belongs to one run
         self._bar = progress_bar(self.is_main, planned, step)
         self.metrics.log({"run/resumed_step": float(resumed_step or 0)}, step)
+        if self.is_main and (queued := queue_report.read()):
+            self.metrics.log(queued, step)
+            log.info("queue: this run's admission waited %.0f s in Kueue; evicted %d time(s) "
+                     "before (%d preempted)", queued["queue/wait_seconds"],
+                     queued["queue/evictions"], queued["queue/preemptions"])
 
     def close(self) -> None:
         if self._bar is not None:
@@ -87,6 +94,11 @@ class Reporter:
     def diverged(self, loss: float, step: int) -> None:
         """Exported at once, so the loss-not-finite alert fires even though the job stops."""
         self.metrics.log({"train/loss": loss}, step)
+
+    def _throttled_since(self) -> float:
+        """Seconds the container's CPU quota held this rank back since the last interval."""
+        before, self._throttled = self._throttled, threads.cgroup_throttled_seconds()
+        return max(0.0, self._throttled - before)
 
     def interval(self, r: IntervalReport) -> None:
         steps = len(r.losses)
@@ -101,6 +113,7 @@ class Reporter:
             "train/step_seconds": r.step_seconds,
             "train/data_wait_seconds": r.data_wait_seconds,
             "train/forward_seconds": r.forward_seconds,
+            "train/cpu_throttled_seconds": self._throttled_since(),
             "train/lr": r.lr,
             "train/skipped_steps": float(r.skipped),
             "train/epoch": float(r.epoch),

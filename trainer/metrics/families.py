@@ -131,6 +131,25 @@ class TrainerMetrics:
             "Seconds this rank spent in the step function (forward and loss), without the "
             "data wait and the gradient all-reduce; per step, a straggler's exceeds its peers'.",
         )
+        self.cpu_throttled = counter(
+            "trainer_cpu_throttled_seconds",
+            "Seconds the CFS quota of this rank's container (its cgroup's cpu.stat) held it "
+            "back: a CPU limit, or a quota cut by hand. While a rank is throttled, the step "
+            "function times of ranks sharing its cores are not comparable.",
+        )
+        self.queue_wait = gauge(
+            "trainer_queue_wait_seconds",
+            "Seconds the job's Kueue Workload waited for the admission this run started "
+            "under (since it was made, or requeued after an eviction); set by rank 0 under "
+            "Kueue, else 0.")
+        self.queue_evictions = gauge(
+            "trainer_queue_evictions",
+            "Times Kueue evicted the job before this run (any reason); set by rank 0 under "
+            "Kueue, else 0.")
+        self.queue_preemptions = gauge(
+            "trainer_queue_preemptions",
+            "Times Kueue evicted the job before this run to admit a higher-priority one; "
+            "set by rank 0 under Kueue, else 0.")
         self.restarts = counter(
             "trainer_restarts",
             "Restarts of the worker group (TORCHELASTIC_RESTART_COUNT) or of the pod "
@@ -276,6 +295,7 @@ class TrainerMetrics:
             "train/step_seconds": self._observe_steps,
             "train/data_wait_seconds": self._incrementer(self.data_wait),
             "train/forward_seconds": self._incrementer(self.forward),
+            "train/cpu_throttled_seconds": self._incrementer(self.cpu_throttled),
             "train/lr": self._setter(self.lr),
             "train/grad_norm": self._setter(self.grad_norm),
             "train/skipped_steps": self._incrementer(self.skipped_steps),
@@ -285,6 +305,9 @@ class TrainerMetrics:
             "val/loss": self._setter(self.loss["val"]),
             "run/restarts": self._set_restarts,
             "run/resumed_step": self._setter(self.resumed_step),
+            "queue/wait_seconds": self._setter(self.queue_wait),
+            "queue/evictions": self._setter(self.queue_evictions),
+            "queue/preemptions": self._setter(self.queue_preemptions),
         }
         optional: dict[str, Gauge | None] = {
             "checkpoint/last_timestamp": self.last_checkpoint,

@@ -132,6 +132,12 @@ the node's allocatable CPU for a missing limit.
       fieldPath: metadata.labels['{{ if include "ddp-trainer.isTrainJob" . }}jobset.sigs.k8s.io/jobset-name{{ else }}training.kubeflow.org/job-name{{ end }}']
 - name: DDP_TRAINER_API_ACCOUNT
   value: /var/run/secrets/ddp-trainer
+{{- with .Values.scheduling.kueue.queueName }}
+# Rank 0 reads its Kueue Workload once at start: time queued and evictions, exported as
+# metrics (trainer/distributed/queue_report.py).
+- name: DDP_TRAINER_QUEUE
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- range $kind, $name := dict "limits" "DDP_TRAINER_CPU_LIMIT_MILLICORES" "requests" "DDP_TRAINER_CPU_REQUEST_MILLICORES" }}
 {{- if dig $kind "cpu" "" $resources }}
