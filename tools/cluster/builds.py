@@ -7,6 +7,8 @@ version, so a pin bump builds anew and anything else reuses what a machine built
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -14,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,12 +134,34 @@ def module_dir(module: str, cwd: Path) -> Path:
 
 
 def build(group: Group, versions: Versions) -> Path:
-    """The folder holding the group's binaries, built if this machine has not yet."""
+    """The folder holding the group's binaries, built if this machine has not yet. One build
+    of a group at a time: `make test` starts SeaweedFS's in the background while its tests
+    (two pytest workers) and the cluster's start may each ask for it, and two builders would
+    delete each other's `.partial` folder."""
     go = _go()
     ldflags = group.ldflags(versions)
     out = cache_folder(group, go, ldflags)
-    if all((out / name).is_file() for name, _ in group.packages):
+    if _built(group, out):
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out.with_name(out.name + ".lock")):
+        if _built(group, out):  # built by whoever held the lock before
+            return out
+        return _build(group, go, ldflags, out)
+
+
+def _built(group: Group, out: Path) -> bool:
+    return all((out / name).is_file() for name, _ in group.packages)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        yield
+
+
+def _build(group: Group, go: str, ldflags: str, out: Path) -> Path:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -146,7 +171,7 @@ def build(group: Group, versions: Versions) -> Path:
     command += [pkg for _, pkg in group.packages]
     started = time.monotonic()
     print(f"cluster: building {', '.join(n for n, _ in group.packages)} "
-          f"(go build in {group.module.relative_to(HERE.parents[1])})", flush=True)
+          f"(go build in {os.path.relpath(group.module, HERE.parents[1])})", flush=True)
     env = {**os.environ, "GOFLAGS": "-mod=readonly -buildvcs=false"}
     if group.static:
         env["CGO_ENABLED"] = "0"
@@ -167,7 +192,7 @@ def build(group: Group, versions: Versions) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     for older in out.parent.glob(f"{group.name}-*"):  # earlier pins of this module
-        if older != out:
+        if older != out and older.suffix != ".lock":
             shutil.rmtree(older, ignore_errors=True)
     print(f"cluster: built in {time.monotonic() - started:.0f} s -> {out}", flush=True)
     return out
