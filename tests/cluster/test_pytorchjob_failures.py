@@ -345,10 +345,12 @@ def rank_pods(release: Release) -> list[str]:
         "-o", "jsonpath={.items[0].metadata.name}").stdout for index in (0, 1)]
 
 
-@pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
+# Each kind with another hang: the Worker sleeping in the user's step; the TrainJob's node 1
+# calling a barrier its peer never calls (a desync), which the verdict names at its line too.
+@pytest.mark.parametrize(("kind", "step"), [("PyTorchJob", "step"), ("TrainJob", "desync_step")])
 def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninterrupted(
         cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished,
-        kind: str) -> None:
+        kind: str, step: str) -> None:
     # The Worker (rank 1) blocks for ever in the user's step at its 400th call, once per pod
     # (a file beside its checkpoints marks it). Its watchdog and the Master's find no rank
     # moving for 15 s, print their stacks, leave the verdict as each pod's termination message,
@@ -360,7 +362,7 @@ def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninte
                    "data": {"hangs.py": HANG_CODE}})
     release = Release(cluster, release_name(), namespace, merged(
         FAILOVER, KEEP_OUTPUTS, USER_MODULE, FAST_SCRAPES,
-        {"apiKind": kind, "trainerConfig": {"train": {"step": "hangs:step"},
+        {"apiKind": kind, "trainerConfig": {"train": {"step": f"hangs:{step}"},
                            "dist": {"hang_seconds": 15},
                            "metrics": {"linger_seconds": 10}},
          "env": [{"name": "PYTHONPATH", "value": "/user"},
@@ -387,7 +389,8 @@ def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninte
         assert last["exitCode"] == 142, (pod, last)
         line = last["message"].strip()
         assert line.startswith("error: hang: rank 1 (pod ") and "in user code" in line \
-            and "hangs.py:" in line and "rank 0 waits for it" in line, (pod, line)
+            and "hangs.py:" in line and f"in {step}" in line and "rank 0 waits for it" in line, \
+            (pod, line)
     got = finished(release)
     assert_same_as(got, uninterrupted)
     status = jobs("status", release.job, "-n", namespace).stdout
