@@ -1,0 +1,149 @@
+"""Sharded (DCP) checkpoints of FSDP runs: complete only with every shard and the marker, a
+torn one never resumed from, rotation, evaluate/export reading them whole, world-size changes
+with resharding, asynchronous saves."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import read_json, run_cli
+from test_fsdp import COMMON
+
+from trainer.components import checkpoint, models, sharded_checkpoint, sharding
+from trainer.config import CheckpointConfig
+from trainer.export.loading import load_checkpoint
+from trainer.loop.save_policy import Saver
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def trained_fsdp_mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = sharding.shard(models.mlp(10, (64,), (16,)), [], "fp32")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def train_state(step: int) -> dict[str, object]:
+    return {"config": {"model": {}}, "model": None, "optimizer": None, "shards": "dcp",
+            "step": step, "epoch": 0}
+
+
+def save_steps(tmp_path: Path, steps: list[int], *, keep: int = 3,
+               async_save: bool = False) -> tuple[Saver, torch.nn.Module]:
+    saver = Saver(CheckpointConfig(dir=str(tmp_path), keep=keep, async_save=async_save),
+                  is_main=True)
+    model, optimizer = trained_fsdp_mlp()
+    assert saver.shards()  # one rank sees its own directory
+    for step in steps:
+        saver.save_sharded(step, model, optimizer, lambda step=step: train_state(step))
+    saver.close()
+    return saver, model
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_sharded_save_publishes_a_complete_folder_read_whole_by_evaluate_and_export(
+        tmp_path: Path, one_rank: None, async_save: bool) -> None:
+    _, model = save_steps(tmp_path, [5], async_save=async_save)
+    path = tmp_path / "ckpt-000000005.dcp"
+    assert checkpoint.list_checkpoints(tmp_path) == [path]
+    assert {p.name for p in path.iterdir()} == {".metadata", "__0_0.distcp", "train.pt",
+                                                 "COMPLETE"}
+    assert checkpoint.problem_of(path) is None
+    assert checkpoint.resolve(tmp_path) == path
+    state = checkpoint.read(path)  # evaluate's read: the full model, no process group
+    full = sharding.full_model_state(model)
+    assert state["step"] == 5 and "shards" not in state
+    assert state["model"].keys() == full.keys()
+    assert all(torch.equal(state["model"][k], full[k]) for k in full)
+    assert set(state["optimizer"]["state"]) == set(range(len(full)))  # by index, as DDP's
+    loaded = load_checkpoint(tmp_path)  # export's read
+    assert loaded.metadata["step"] == 5
+    assert all(torch.equal(loaded.model_state[k], full[k]) for k in full)
+
+
+def test_rotation_keeps_the_newest_sharded_checkpoints_and_deletes_older_folders(
+        tmp_path: Path, one_rank: None) -> None:
+    save_steps(tmp_path, [1, 2, 3, 4], keep=2)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "ckpt-000000004.dcp", "ckpt-000000003.dcp"]
+
+
+@pytest.mark.parametrize(("tear", "problem"), [
+    (lambda p: (p / "__0_0.distcp").unlink(), "is torn (__0_0.distcp is missing)"),
+    (lambda p: (p / "COMPLETE").unlink(), "is torn (no COMPLETE marker"),
+    (lambda p: (p / ".metadata").write_bytes(b"x" * (p / ".metadata").stat().st_size),
+     "is corrupt (.metadata fails its checksum)"),
+    (lambda p: (p / "__0_0.distcp").write_bytes(b"short"), "__0_0.distcp has 5 of"),
+])
+def test_a_torn_sharded_checkpoint_is_moved_aside_and_the_previous_one_is_resumed(
+        tmp_path: Path, one_rank: None, tear: object, problem: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    save_steps(tmp_path, [5, 10])
+    newest = tmp_path / "ckpt-000000010.dcp"
+    tear(newest)  # type: ignore[operator]
+    checkpoint._verified.clear()  # a new process: nothing known valid
+    with caplog.at_level(logging.WARNING):
+        found = checkpoint.load_latest(tmp_path, set_aside=True)
+    assert found is not None and found[1].name == "ckpt-000000005.dcp"
+    assert found[0]["step"] == 5
+    assert problem in caplog.text and "moved bad checkpoint ckpt-000000010.dcp aside" in \
+        caplog.text
+    assert (tmp_path / "corrupt" / "ckpt-000000010.dcp").is_dir()
+
+
+def test_a_save_killed_before_it_completed_is_discarded_with_a_warning(
+        tmp_path: Path, one_rank: None, caplog: pytest.LogCaptureFixture) -> None:
+    save_steps(tmp_path, [5])
+    # what a kill between the shards and the rename leaves: the temp folder, no marker
+    unfinished = sharded_checkpoint.tmp_path(tmp_path, 10)
+    shutil.copytree(tmp_path / "ckpt-000000005.dcp", unfinished)
+    (unfinished / "COMPLETE").unlink()
+    assert checkpoint.list_checkpoints(tmp_path) == [tmp_path / "ckpt-000000005.dcp"]
+    with caplog.at_level(logging.WARNING):
+        found = checkpoint.latest_payload(tmp_path, set_aside=True)
+    assert found is not None and found[1].name == "ckpt-000000005.dcp"
+    assert "discarding unfinished sharded checkpoint .ckpt-000000010.dcp.tmp" in caplog.text
+    assert not unfinished.exists()
+
+
+def test_fsdp_resumes_sharded_checkpoints_on_4_then_2_ranks_as_an_uninterrupted_run(
+        tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    full = run_cli("run", "--nproc-per-node", "2", "--strategy", "fsdp", *COMMON,
+                   "--output-dir", str(tmp_path / "full"))
+    assert full.returncode == 0, full.stderr
+    # 4 ranks saving asynchronously, then 2 ranks resharding their shards
+    first = run_cli("run", "--nproc-per-node", "4", "--strategy", "fsdp", *COMMON,
+                    "--max-steps", "10", "--checkpoint-every", "5",
+                    "--set", "checkpoint.async_save=true",
+                    "--output-dir", str(tmp_path / "a"), "--checkpoint-dir", str(ckpt))
+    assert first.returncode == 0, first.stderr
+    assert {p.name for p in (ckpt / "ckpt-000000010.dcp").glob("*.distcp")} == {
+        f"__{r}_0.distcp" for r in range(4)}
+    second = run_cli("run", "--nproc-per-node", "2", "--strategy", "fsdp", *COMMON,
+                     "--checkpoint-every", "5", "--output-dir", str(tmp_path / "b"),
+                     "--checkpoint-dir", str(ckpt))
+    assert second.returncode == 0, second.stderr
+    assert "resumed from ckpt-000000010.dcp: step 10" in second.stderr
+    assert "world size changed 4 -> 2: keeping the global batch 48" in second.stderr
+    resumed, uninterrupted = (read_json(tmp_path / d / "summary.json") for d in ("b", "full"))
+    assert resumed["global_batch"] == uninterrupted["global_batch"] == 48
+    assert resumed["steps"] == uninterrupted["steps"]
+    assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-3)
+    assert abs(resumed["val_correct"] - uninterrupted["val_correct"]) <= 1
