@@ -5,15 +5,18 @@ with resharding, asynchronous saves."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import read_json, run_cli
+from conftest import REPO, free_port, read_json, run_cli
 from test_fsdp import COMMON
 
 from trainer.components import checkpoint, models, sharded_checkpoint, sharding
@@ -91,7 +94,7 @@ def test_rotation_keeps_the_newest_sharded_checkpoints_and_deletes_older_folders
     (lambda p: (p / ".metadata").write_bytes(b"x" * (p / ".metadata").stat().st_size),
      "is corrupt (.metadata fails its checksum)"),
     (lambda p: (p / "__0_0.distcp").write_bytes(b"short"), "__0_0.distcp has 5 of"),
-])
+], ids=["shard-removed", "marker-missing", "metadata-changed", "shard-truncated"])
 def test_a_torn_sharded_checkpoint_is_moved_aside_and_the_previous_one_is_resumed(
         tmp_path: Path, one_rank: None, tear: object, problem: str,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -149,3 +152,27 @@ def test_fsdp_resumes_sharded_checkpoints_on_4_then_2_ranks_as_an_uninterrupted_
     assert resumed["steps"] == uninterrupted["steps"]
     assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-3)
     assert abs(resumed["val_correct"] - uninterrupted["val_correct"]) <= 1
+
+
+def test_ranks_with_directories_of_their_own_save_one_gathered_file_with_a_warning(
+        tmp_path: Path) -> None:
+    # two "pods", each with its own emptyDir: shards could not be read back by one rank
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    args = ["train", "--strategy", "fsdp", *COMMON, "--max-steps", "5", "--checkpoint-every",
+            "5", "--timeout", "120"]
+    peer = subprocess.Popen(
+        [sys.executable, "-m", "trainer", *args, "--output-dir", str(tmp_path / "o1"),
+         "--checkpoint-dir", str(tmp_path / "c1")],
+        env={**os.environ, **env, "RANK": "1", "PYTHONPATH": str(REPO)}, cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc = run_cli(*args, "--output-dir", str(tmp_path / "o0"), "--checkpoint-dir",
+                       str(tmp_path / "c0"), env={**env, "RANK": "0"}, timeout=240)
+    finally:
+        _, peer_err = peer.communicate(timeout=120)
+    assert proc.returncode == 0 and peer.returncode == 0, proc.stderr + peer_err
+    assert "is not shared by all ranks: FSDP checkpoints are gathered into one file on " \
+           "rank 0" in proc.stderr
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "c0")] == [
+        "ckpt-000000005.pt"]
+    assert checkpoint.list_checkpoints(tmp_path / "c1") == []
