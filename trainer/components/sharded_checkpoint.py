@@ -187,14 +187,15 @@ def all_see(directory: Path, is_main: bool) -> bool:
     chart's per-pod emptyDir): a file rank 0 creates must exist for all. A collective."""
     import torch.distributed as dist
 
-    probe = [str(directory / f".shared-probe-{os.getpid()}") if is_main else None]
+    name = [f".shared-probe-{os.getpid()}" if is_main else None]
     if is_main:
-        Path(probe[0] or "").touch()
-    dist.broadcast_object_list(probe, src=0)
+        (directory / str(name[0])).touch()
+    dist.broadcast_object_list(name, src=0)
     seen: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(seen, Path(probe[0] or "").exists())
+    # each rank looks in its own checkpoint dir: the same path names another volume per pod
+    dist.all_gather_object(seen, (directory / str(name[0])).exists())
     if is_main:
-        Path(probe[0] or "").unlink(missing_ok=True)
+        (directory / str(name[0])).unlink(missing_ok=True)
     return all(seen)
 
 
