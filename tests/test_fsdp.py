@@ -63,7 +63,7 @@ def test_checkpoints_resume_across_strategies_and_world_sizes_and_score_with_eva
     full = run_cli("run", "--nproc-per-node", "2", "--strategy", "fsdp", *COMMON,
                    "--output-dir", str(tmp_path / "full"))
     assert full.returncode == 0, full.stderr
-    # ddp on 2 ranks -> fsdp on 3 -> fsdp on 2 -> ddp on 2: one checkpoint format
+    # ddp on 2 ranks -> fsdp on 3 -> fsdp on 2 -> ddp on 2: either format resumes either strategy
     legs = [("ddp", "2", "12"), ("fsdp", "3", "24"), ("fsdp", "2", "36"), ("ddp", "2", "0")]
     resumed_from = None
     for leg, (strategy, nproc, max_steps) in enumerate(legs):

@@ -152,6 +152,15 @@ def test_fsdp_resumes_sharded_checkpoints_on_4_then_2_ranks_as_an_uninterrupted_
     assert resumed["steps"] == uninterrupted["steps"]
     assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-3)
     assert abs(resumed["val_correct"] - uninterrupted["val_correct"]) <= 1
+    # the CLI's readers take the newest checkpoint, a folder of 2 shards, whole
+    assert checkpoint.list_checkpoints(ckpt)[0].name.endswith(".dcp")
+    scored = run_cli("evaluate", "--checkpoint", str(ckpt), "--output-dir",
+                     str(tmp_path / "eval"))
+    assert scored.returncode == 0, scored.stderr
+    assert read_json(tmp_path / "eval" / "eval.json")["correct"] == resumed["val_correct"]
+    exported = run_cli("export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "model"))
+    assert exported.returncode == 0, exported.stderr
+    assert read_json(tmp_path / "model" / "ddp-trainer.json")["step"] == resumed["steps"]
 
 
 def test_ranks_with_directories_of_their_own_save_one_gathered_file_with_a_warning(

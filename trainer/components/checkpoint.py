@@ -378,7 +378,7 @@ def resolve(path: Path) -> Path:
         return path
     found = latest_payload(path)
     if found is None:
-        raise CheckpointError(f"{path} holds no valid checkpoint (ckpt-*.pt)",
+        raise CheckpointError(f"{path} holds no valid checkpoint (ckpt-*.pt, ckpt-*.dcp)",
                               "pass the --checkpoint-dir of a run that saved one, or one "
                               "ckpt-*.pt file")
     return found[1]
