@@ -19,7 +19,7 @@ import torch.distributed as dist
 from conftest import REPO, free_port, read_json, run_cli
 from test_fsdp import COMMON
 
-from trainer.components import checkpoint, models, sharded_checkpoint, sharding
+from trainer.components import checkpoint, models, sharded_checkpoint, sharding, storage
 from trainer.config import CheckpointConfig
 from trainer.export.loading import load_checkpoint
 from trainer.loop.save_policy import Saver
@@ -185,3 +185,17 @@ def test_ranks_with_directories_of_their_own_save_one_gathered_file_with_a_warni
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "c0")] == [
         "ckpt-000000005.pt"]
     assert checkpoint.list_checkpoints(tmp_path / "c1") == []
+
+
+def test_an_s3_checkpoint_dir_keeps_the_gathered_single_file_with_a_warning(
+        one_rank: None, caplog: pytest.LogCaptureFixture) -> None:
+    # each process stages an s3:// dir in a folder of its own: no rank sees another's shards
+    saver = Saver(CheckpointConfig(dir="s3://bucket/run"), is_main=True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert not saver.shards()
+        assert "checkpoint.dir s3://bucket/run is not shared by all ranks: FSDP checkpoints " \
+               "are gathered into one file on rank 0" in caplog.text
+    finally:
+        saver.close()
+        storage.drop_staging("s3://bucket/run")
