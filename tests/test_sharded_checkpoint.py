@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from test_fsdp import COMMON
 
 from trainer.components import checkpoint, models, sharded_checkpoint, sharding, storage
 from trainer.config import CheckpointConfig
+from trainer.errors import CheckpointError
 from trainer.export.loading import load_checkpoint
 from trainer.loop.save_policy import Saver
 
@@ -111,13 +111,27 @@ def test_a_torn_sharded_checkpoint_is_moved_aside_and_the_previous_one_is_resume
     assert (tmp_path / "corrupt" / "ckpt-000000010.dcp").is_dir()
 
 
-def test_a_save_killed_before_it_completed_is_discarded_with_a_warning(
-        tmp_path: Path, one_rank: None, caplog: pytest.LogCaptureFixture) -> None:
-    save_steps(tmp_path, [5])
-    # what a kill between the shards and the rename leaves: the temp folder, no marker
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_save_aborted_after_its_shards_is_never_listed_and_is_discarded_with_a_warning(
+        tmp_path: Path, one_rank: None, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch, async_save: bool) -> None:
+    saver = Saver(CheckpointConfig(dir=str(tmp_path), async_save=async_save), is_main=True)
+    model, optimizer = trained_fsdp_mlp()
+    assert saver.shards()
+    saver.save_sharded(5, model, optimizer, lambda: train_state(5))
+    saver.wait()
+
+    def crash(tmp: Path, final: Path, train_file: bytes) -> None:
+        (tmp / sharded_checkpoint.TRAIN).write_bytes(train_file)  # dies before the marker
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sharded_checkpoint, "finish", crash)
+    with pytest.raises(CheckpointError, match="could not write checkpoint .*ckpt-000000010.dcp "
+                                              r"\(No space left on device\); earlier"):
+        saver.save_sharded(10, model, optimizer, lambda: train_state(10))
+        saver.wait()
     unfinished = sharded_checkpoint.tmp_path(tmp_path, 10)
-    shutil.copytree(tmp_path / "ckpt-000000005.dcp", unfinished)
-    (unfinished / "COMPLETE").unlink()
+    assert (unfinished / ".metadata").exists() and (unfinished / "__0_0.distcp").exists()
     assert checkpoint.list_checkpoints(tmp_path) == [tmp_path / "ckpt-000000005.dcp"]
     with caplog.at_level(logging.WARNING):
         found = checkpoint.latest_payload(tmp_path, set_aside=True)
