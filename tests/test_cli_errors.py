@@ -109,7 +109,7 @@ def test_evaluate_missing_checkpoint(tmp_path: Path) -> None:
 @pytest.mark.parametrize("ranks", ["1", "2"])
 def test_evaluate_a_directory_without_checkpoints(tmp_path: Path, ranks: str) -> None:
     proc = run_cli("evaluate", "--checkpoint", str(tmp_path), "--nproc-per-node", ranks)
-    assert_one_clear_error(proc, f"{tmp_path} holds no valid checkpoint (ckpt-*.pt)")
+    assert_one_clear_error(proc, f"{tmp_path} holds no valid checkpoint (ckpt-*.pt, ckpt-*.dcp)")
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:

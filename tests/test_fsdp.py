@@ -63,7 +63,7 @@ def test_checkpoints_resume_across_strategies_and_world_sizes_and_score_with_eva
     full = run_cli("run", "--nproc-per-node", "2", "--strategy", "fsdp", *COMMON,
                    "--output-dir", str(tmp_path / "full"))
     assert full.returncode == 0, full.stderr
-    # ddp on 2 ranks -> fsdp on 3 -> fsdp on 2 -> ddp on 2: one checkpoint format
+    # ddp on 2 ranks -> fsdp on 3 -> fsdp on 2 -> ddp on 2: either format resumes either strategy
     legs = [("ddp", "2", "12"), ("fsdp", "3", "24"), ("fsdp", "2", "36"), ("ddp", "2", "0")]
     resumed_from = None
     for leg, (strategy, nproc, max_steps) in enumerate(legs):
@@ -72,7 +72,10 @@ def test_checkpoints_resume_across_strategies_and_world_sizes_and_score_with_eva
                        "--output-dir", str(tmp_path / str(leg)), "--checkpoint-dir", str(ckpt))
         assert proc.returncode == 0, proc.stderr
         if resumed_from is not None:
-            assert f"resumed from ckpt-{resumed_from:09d}.pt: step {resumed_from}" in proc.stderr
+            # ddp writes one file; fsdp on a directory all ranks see, a folder of shards
+            kind = "pt" if legs[leg - 1][0] == "ddp" else "dcp"
+            assert f"resumed from ckpt-{resumed_from:09d}.{kind}: step {resumed_from}" \
+                in proc.stderr
         resumed_from = int(max_steps)
     # 48 = 8 per rank x 3 ranks x 2 accumulation steps: the global batch is kept exactly
     leg1 = read_json(tmp_path / "1" / "summary.json")
@@ -171,7 +174,7 @@ def test_sigterm_saves_the_sharded_state_where_it_stops_and_the_restart_resumes_
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     stopped_at = int(err.split("stopped by SIGTERM at step ")[1].split(";")[0])
-    assert checkpoint.list_checkpoints(ckpt)[0].name == f"ckpt-{stopped_at:09d}.pt"
+    assert checkpoint.list_checkpoints(ckpt)[0].name == f"ckpt-{stopped_at:09d}.dcp"
     again = run_cli(*args, "--max-steps", str(stopped_at + 5))
     assert again.returncode == 0, again.stderr
     summary = read_json(tmp_path / "summary.json")

@@ -309,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="exact validation accuracy of a checkpoint")
     p.add_argument("--checkpoint", required=True, metavar="PATH",
-                   help="a ckpt-*.pt file, or a checkpoint directory (its newest valid one)")
+                   help="a ckpt-*.pt file, a ckpt-*.dcp folder (FSDP's shards), or a checkpoint "
+                   "directory (its newest valid one)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="ranks to evaluate with (accuracy and counts are identical for any N; the "
                         "loss, a mean of per-batch losses, to float32 rounding)")

@@ -289,6 +289,11 @@ class CheckpointConfig:
     """How many of the newest valid checkpoints (by step) to keep; an invalid one (torn,
     corrupt, not a checkpoint) is moved aside into `corrupt/` in this directory, never counted
     or deleted."""
+    async_save: bool = False
+    """Under `train.strategy: fsdp` with sharded checkpoints: each rank's shard is copied to
+    host memory and written on a background thread (DCP's `async_save`), so training waits only
+    for the copy, not for the disk (docs/checkpoints.md). DDP's single-file checkpoints are
+    always written in the background."""
 
 
 @dataclass

@@ -10,6 +10,10 @@ Nothing valid is lost to an invalid file: rotation keeps the newest ``keep`` *va
 by step, and a ``ckpt-*.pt`` that fails verification (when a run picks its resume point, when
 rotation meets it, when a save would replace it) is moved aside into ``corrupt/``, with a
 warning, instead of being counted, overwritten or deleted.
+
+An FSDP run's checkpoint is a folder ``ckpt-<step>.dcp`` of shards
+(:mod:`trainer.components.sharded_checkpoint`): listed, verified, rotated and moved aside
+here beside the files; its ``train.pt`` payload stands for it where a file's payload would.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import io
 import logging
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,12 +32,13 @@ from typing import Any
 
 import torch
 
+from trainer.components import sharded_checkpoint as sharded
 from trainer.errors import LOOP, CheckpointError, missing
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"DDPTCKPT1"
-_NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+_NAME = re.compile(r"^ckpt-(\d{9})\.(pt|dcp)$")
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -40,7 +46,7 @@ def checkpoint_path(directory: Path, step: int) -> Path:
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoint files, newest (highest step) first."""
+    """Checkpoint files and sharded folders, newest (highest step) first."""
     if not directory.is_dir():
         return []
     found = [p for p in directory.iterdir() if _NAME.match(p.name)]
@@ -83,15 +89,13 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
 
 def write(directory: Path, step: int, payload: bytes, keep: int) -> Path:
     """Write a serialized payload atomically, then delete all but the newest `keep`."""
-    header = b"%s %s %d\n" % (MAGIC, digest(payload).encode(), len(payload))
     final = checkpoint_path(directory, step)
     tmp_name = ""
     try:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=f".{final.name}.",
                                          delete=False) as fh:
             tmp_name = fh.name
-            fh.write(header)
-            fh.write(payload)
+            fh.write(framed(payload))
             fh.flush()
             os.fsync(fh.fileno())
         if final.exists() and (problem := problem_of(final)) is not None:
@@ -109,12 +113,19 @@ def write(directory: Path, step: int, payload: bytes, keep: int) -> Path:
     return final
 
 
+def framed(payload: bytes) -> bytes:
+    """A checkpoint file's bytes: the integrity header, then `payload`."""
+    return b"%s %s %d\n" % (MAGIC, digest(payload).encode(), len(payload)) + payload
+
+
 _verified: dict[str, tuple[int, int, int]] = {}
 """Files known valid (written or verified by this process), by (inode, size, mtime): rotation
 reads a file's bytes once, not at every save."""
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
+    if sharded.is_checkpoint(path):  # its marker changes whenever it is rewritten
+        path = path / sharded.MARKER
     try:
         st = path.stat()
     except OSError:
@@ -133,6 +144,11 @@ def problem_of(path: Path) -> str | None:
     identity = _identity(path)
     if identity is not None and _verified.get(str(path)) == identity:
         return None
+    if sharded.is_checkpoint(path):
+        problem = sharded.problem_of(path)
+        if problem is None:
+            _remember(path)
+        return problem
     try:
         read_payload(path)
     except CheckpointError as exc:
@@ -170,7 +186,10 @@ def rotate(directory: Path, keep: int, written: Path | None = None) -> None:
                 kept += 1
                 continue
             if kept >= keep:
-                path.unlink(missing_ok=True)
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
                 _verified.pop(str(path), None)
                 continue
             problem = problem_of(path)
@@ -240,6 +259,12 @@ class AsyncWriter:
         self._pending = self._pool.submit(_save_then, directory, step, copy, keep, then)
         return checkpoint_path(directory, step)
 
+    def run(self, job: Callable[[], Path]) -> None:
+        """Run `job` (which completes a checkpoint) on the writer's thread, after the
+        pending write."""
+        self.wait()
+        self._pending = self._pool.submit(job)
+
     def in_flight(self) -> bool:
         """Whether a submitted write is still running."""
         return self._pending is not None and not self._pending.done()
@@ -257,7 +282,12 @@ class AsyncWriter:
 
 
 def read_payload(path: Path) -> bytes:
-    """The verified payload of one checkpoint file (CheckpointError if torn or corrupt)."""
+    """The verified payload of one checkpoint file, or of a sharded checkpoint's ``train.pt``
+    once all its shards verify (CheckpointError if torn or corrupt)."""
+    if sharded.is_checkpoint(path):
+        if (problem := problem_of(path)) is not None:
+            raise CheckpointError(problem, "delete it; the previous checkpoint is used")
+        path = path / sharded.TRAIN
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -295,6 +325,8 @@ def digest(payload: bytes) -> str:
 
 def stored_digest(path: Path) -> str | None:
     """The checksum a file's header claims (None if it has no valid header); cheap: one line."""
+    if sharded.is_checkpoint(path):
+        path = path / sharded.TRAIN
     try:
         with path.open("rb") as fh:
             parts = fh.readline(256).split(b" ")
@@ -313,13 +345,18 @@ def deserialize(payload: bytes, where: str) -> dict[str, Any]:
 
 
 def read(path: Path) -> dict[str, Any]:
-    """Load one checkpoint, raising CheckpointError if it is torn or corrupt."""
-    return deserialize(read_payload(path), str(path))
+    """Load one checkpoint, raising CheckpointError if it is torn or corrupt (a sharded one
+    with its full model and optimizer state)."""
+    state = deserialize(read_payload(path), str(path))
+    return sharded.with_shards(state, path) if sharded.is_checkpoint(path) else state
 
 
 def latest_payload(directory: Path, set_aside: bool = False) -> tuple[bytes, Path] | None:
     """The newest checkpoint whose bytes verify; invalid newer ones are skipped with a
-    warning, and with `set_aside` (a run that will write here) moved into ``corrupt/``."""
+    warning, and with `set_aside` (a run that will write here) moved into ``corrupt/`` (and
+    the folders of sharded saves that never completed deleted)."""
+    if set_aside:
+        sharded.drop_unfinished(directory)
     for path in list_checkpoints(directory):
         try:
             payload = read_payload(path)
@@ -334,36 +371,14 @@ def latest_payload(directory: Path, set_aside: bool = False) -> tuple[bytes, Pat
     return None
 
 
-def count_start(directory: Path, rank: int) -> int:
-    """Count one more start of `rank` in `directory` and return the count (1 = first).
-
-    The count lives beside the checkpoints (``.starts-rank-<R>``, atomically replaced), so it
-    survives what the checkpoints survive: a container restart on an emptyDir, a pod deletion
-    on a PVC. It is how pod restarts become visible in ``trainer_restarts_total``.
-    """
-    path = directory / f".starts-rank-{rank:05d}"
-    try:
-        previous = int(path.read_text().strip() or 0)
-    except (OSError, ValueError):
-        previous = 0
-    tmp = directory / f".{path.name}.tmp"
-    try:
-        tmp.write_text(f"{previous + 1}\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise CheckpointError(f"cannot write {path} ({exc.strerror})",
-                              "point --checkpoint-dir at a writable directory") from None
-    return previous + 1
-
-
 def resolve(path: Path) -> Path:
     """The checkpoint file ``evaluate`` scores: `path` itself, or, for a directory, its newest
     valid checkpoint (CheckpointError if it holds none)."""
-    if not path.is_dir():
+    if not path.is_dir() or sharded.is_checkpoint(path):
         return path
     found = latest_payload(path)
     if found is None:
-        raise CheckpointError(f"{path} holds no valid checkpoint (ckpt-*.pt)",
+        raise CheckpointError(f"{path} holds no valid checkpoint (ckpt-*.pt, ckpt-*.dcp)",
                               "pass the --checkpoint-dir of a run that saved one, or one "
                               "ckpt-*.pt file")
     return found[1]
@@ -376,4 +391,5 @@ def load_latest(directory: Path, set_aside: bool = False) -> tuple[dict[str, Any
     if found is None:
         return None
     payload, path = found
-    return deserialize(payload, str(path)), path
+    state = deserialize(payload, str(path))
+    return (sharded.with_shards(state, path) if sharded.is_checkpoint(path) else state), path

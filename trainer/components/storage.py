@@ -242,7 +242,7 @@ def push_checkpoint(spec: str, path: Path, keep: int,
 
 
 def count_start(spec: str, rank: int) -> int:
-    """As :func:`trainer.components.checkpoint.count_start`, with the count in the store."""
+    """As :func:`trainer.components.restarts.count_start`, with the count in the store."""
     remote = store(spec, "checkpoint dir")
     name = f".starts-rank-{rank:05d}"
     try:

@@ -20,7 +20,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("export", help="write a checkpoint's model in files that load without "
                                       "ddp-trainer (safetensors, transformers)")
     p.add_argument("--checkpoint", required=True, metavar="PATH",
-                   help="a ckpt-*.pt file, or a checkpoint directory (its newest valid one)")
+                   help="a ckpt-*.pt file, a ckpt-*.dcp folder (FSDP's shards), or a checkpoint "
+                   "directory (its newest valid one)")
     p.add_argument("--out", required=True, metavar="PATH",
                    help="the directory to write (an existing non-empty one only with --force)")
     p.add_argument("--format", choices=FORMATS, default="safetensors",

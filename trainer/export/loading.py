@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.components import checkpoint, models
+from trainer.components import checkpoint, models, sharded_checkpoint
 from trainer.config import JobConfig, saved_config
 from trainer.config_load import merge
 from trainer.errors import CheckpointError, ConfigError, missing
@@ -87,7 +87,7 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
         raise CheckpointError(f"checkpoint {path} {why}", fix)
     if path.is_dir() and (path / META).exists():
         return _load_export(path)
-    if path.is_dir():
+    if path.is_dir() and not sharded_checkpoint.is_checkpoint(path):
         found = checkpoint.latest_payload(path)  # as a resume picks it; its bytes verified
         if found is None:
             raise CheckpointError(f"{path} holds no valid checkpoint (ckpt-*.pt) and no "
@@ -98,6 +98,8 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     else:
         payload = checkpoint.read_payload(path)
     raw = checkpoint.deserialize(payload, str(path))
+    if sharded_checkpoint.is_checkpoint(path):
+        raw = sharded_checkpoint.with_shards(raw, path)
     state = training_state(raw, str(path), ("config", "model"))
     source = f"checkpoint {path}"
     config = merge(JobConfig(), saved_config(state, source), source)

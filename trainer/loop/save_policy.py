@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.components import checkpoint, storage
+from trainer.components import sharded_checkpoint as sharded
 from trainer.config import CheckpointConfig
 from trainer.data.loaders import forks_training_process
 
@@ -72,6 +73,10 @@ class Saver:
         self.keep = cfg.keep
         self.is_main = is_main
         self.writer = checkpoint.AsyncWriter()
+        self.sharded = sharded.ShardedWriter(cfg.async_save)
+        """An FSDP run's per-rank shards (:mod:`trainer.components.sharded_checkpoint`)."""
+        self._shards: bool | None = None
+        """Whether an FSDP run saves shards: decided at its first save."""
         self._last_save = time.monotonic()
         """Rank 0's clock at the last save (or the start)."""
         self._asked = False
@@ -139,6 +144,33 @@ class Saver:
         log.debug("saved %s", path)
         return path
 
+    def shards(self) -> bool:
+        """Whether an FSDP run saves each rank's shard (a collective at its first save): only
+        where every rank sees the same directory. Elsewhere (per-pod emptyDirs, an ``s3://``
+        dir staged per process) rank 0 gathers the full state into one file, as before."""
+        if self._shards is None:
+            assert self.directory is not None
+            self._shards = (not storage.is_remote(self.spec)
+                            and sharded.all_see(self.directory, self.is_main))
+            if not self._shards and self.is_main:
+                log.warning("checkpoint.dir %s is not shared by all ranks: FSDP checkpoints "
+                            "are gathered into one file on rank 0 (sharded ones need a "
+                            "directory every rank sees, such as a ReadWriteMany PVC)", self.spec)
+        return self._shards
+
+    def save_sharded(self, step: int, model: Any, optimizer: Any,
+                     state: Callable[[], dict[str, Any]]) -> Path | None:
+        """Every rank writes its shard of `step`; rank 0 adds the rest of `state()` (without
+        model and optimizer) and publishes the checkpoint. A collective."""
+        self._agreed = self._asked = False
+        self._last_save = time.monotonic()
+        assert self.directory is not None
+        directory, keep = self.directory, self.keep
+        train = checkpoint.framed(checkpoint.serialize(state())) if self.is_main else None
+        path = self.sharded.save(directory, step, model, optimizer, train, self.writer,
+                                 lambda final: checkpoint.rotate(directory, keep, final))
+        return path if self.is_main else None
+
     def shown(self, path: Path) -> str:
         """A saved checkpoint as the user named its place: for ``s3://`` its URL."""
         return storage.shown(self.spec, path)
@@ -159,7 +191,11 @@ class Saver:
 
     def wait(self) -> None:
         """Until the last checkpoint is durable (its write error, if any, is raised)."""
+        self.sharded.wait()
         self.writer.wait()
 
     def close(self) -> None:
-        self.writer.close()
+        try:
+            self.sharded.wait()
+        finally:
+            self.writer.close()

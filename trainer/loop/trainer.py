@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.components import sharding
+from trainer.components import sharded_checkpoint, sharding
 from trainer.components.compiling import compile_errors
 from trainer.components.evaluation import EvalResult, local_sums, reduce_sums, result
 from trainer.components.steps import as_output
@@ -33,6 +33,7 @@ from trainer.distributed.phases import (
     STEP,
     VALIDATION,
 )
+from trainer.errors import CheckpointError
 from trainer.loop.global_batch import plan_batches
 from trainer.loop.interval_stats import Interval
 from trainer.loop.parts import LoopParts, TrainParts
@@ -85,8 +86,10 @@ class Trainer:
             config_version=CONFIG_VERSION, objects=self.objects,
             class_names=list(self.parts.class_names or []))
 
-    def _restore(self, state: TrainingState) -> None:
-        if sharding.is_sharded(self.parts.model):
+    def _restore(self, state: TrainingState, shards: Path | None = None) -> None:
+        if shards is not None:  # each rank reads its own shard of a sharded checkpoint
+            sharded_checkpoint.load_into(shards, self.parts.model, self.parts.optimizer)
+        elif sharding.is_sharded(self.parts.model):
             sharding.load_state(self.parts.model, self.parts.optimizer, state.model,
                                 state.optimizer)
         else:
@@ -119,11 +122,34 @@ class Trainer:
                         plan.global_batch, plan.micro_batch, plan.accum_steps)
         self.resumed_step = state.step
 
+    def _shards_of(self, state: dict[str, Any], name: str) -> Path | None:
+        """The folder of a sharded checkpoint every rank reads its shard from (None for a
+        single file); one line on every rank when some rank does not see it."""
+        if not state.get("shards"):
+            return None
+        directory = self.loop.saver.directory
+        assert directory is not None
+        path = directory / name
+        seen: list[Any] = [path.is_dir()]
+        if self.ctx.initialized:
+            seen = [None] * self.ctx.world_size
+            with collective("finding the sharded checkpoint", self.cfg.dist.timeout_seconds):
+                dist.all_gather_object(seen, path.is_dir())
+        if not all(seen):
+            lacking = ", ".join(str(r) for r, ok in enumerate(seen) if not ok)
+            raise CheckpointError(
+                f"sharded checkpoint {name} is not in the checkpoint dir of rank {lacking}",
+                "give all ranks one shared --checkpoint-dir (a ReadWriteMany PVC)")
+        return path
+
     def resume(self, resumed: Resumed) -> None:
         """Continue from the state the ranks agreed on (see :func:`agreement.agree_resume`)."""
         state = training_state(resumed.state, resumed.name)
+        shards = self._shards_of(state, resumed.name)
+        if shards is not None and not sharding.is_sharded(self.parts.model):
+            state, shards = sharded_checkpoint.with_shards(state, shards), None  # a DDP run
         load_checked(state, self._config, resumed.name,
-                     lambda saved: self._restore(TrainingState.from_dict(saved)))
+                     lambda saved: self._restore(TrainingState.from_dict(saved), shards))
         position = state["sampler"]["position"] if state["sampler"] else 0
         log.info("resumed from %s: step %d, epoch %d, sample position %d (saved by %d ranks)%s",
                  resumed.name, self.loop.progress.step, self.loop.progress.epoch, position,
@@ -291,10 +317,20 @@ class Trainer:
             loss_sum, count = self._reduced("the epoch loss reduction",
                                             [p.epoch_loss_sum, float(p.epoch_loss_count)])
         gathered = None
+        saver, timeout = self.loop.saver, self.cfg.dist.timeout_seconds
         if sharding.is_sharded(self.parts.model):
-            with collective("gathering the sharded state", self.cfg.dist.timeout_seconds):
+            with collective("writing the sharded checkpoint", timeout):
+                if saver.shards():
+                    path = saver.save_sharded(
+                        p.step, self.parts.model, self.parts.optimizer,
+                        lambda: {**self._snapshot(consumed, loss_sum, int(count),
+                                                  ({}, {})).to_dict(),
+                                 "model": None, "optimizer": None, "shards": "dcp"})
+                    if path is not None:
+                        self.loop.reporter.saved(p.step)
+                    return path
                 gathered = sharding.gather_state(self.parts.model, self.parts.optimizer)
-        path = self.loop.saver.save(
+        path = saver.save(
             p.step, lambda: self._snapshot(consumed, loss_sum, int(count), gathered).to_dict())
         if path is not None:
             self.loop.reporter.saved(p.step)

@@ -16,7 +16,7 @@ from torch import nn
 
 from trainer import __version__
 from trainer.build import Workload, build_parts, build_trainer, check_strategy
-from trainer.components import checkpoint, sharding, storage
+from trainer.components import checkpoint, restarts, sharding, storage
 from trainer.components.compiling import check_available
 from trainer.components.evaluation import evaluate
 from trainer.components.precision import Precision
@@ -94,7 +94,7 @@ def train(cfg: JobConfig, *, model: nn.Module | None = None, dataset: Any = None
         if directory is not None:
             starts = (storage.count_start(ckpt_spec, rank.ctx.rank)
                       if storage.is_remote(ckpt_spec)
-                      else checkpoint.count_start(directory, rank.ctx.rank))
+                      else restarts.count_start(directory, rank.ctx.rank))
         stop = StopFlag()
         stop.install()  # before joining, so an early SIGTERM is not lost
         rank.close_at_exit(stop.uninstall)
