@@ -57,6 +57,20 @@ def test_fsdp_trains_as_ddp_does_with_accumulation_and_clipping(tmp_path: Path) 
     assert fsdp["val_accuracy"] > 0.5
 
 
+def test_compiled_fsdp_trains_as_eager_fsdp_with_accumulation_and_clipping(
+        tmp_path: Path) -> None:
+    for compiled in ("false", "true"):
+        proc = run_cli("run", "--nproc-per-node", "2", "--strategy", "fsdp", *COMMON,
+                       "--set", f"train.compile={compiled}",
+                       "--output-dir", str(tmp_path / compiled))
+        assert proc.returncode == 0, proc.stderr
+    assert step_losses(tmp_path / "true") == pytest.approx(step_losses(tmp_path / "false"),
+                                                           rel=1e-5)
+    eager, compiled_run = (read_json(tmp_path / c / "summary.json") for c in ("false", "true"))
+    assert compiled_run["steps"] == eager["steps"]
+    assert compiled_run["val_correct"] == eager["val_correct"]
+
+
 def test_checkpoints_resume_across_strategies_and_world_sizes_and_score_with_evaluate(
         tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
@@ -93,7 +107,6 @@ def test_checkpoints_resume_across_strategies_and_world_sizes_and_score_with_eva
 
 
 @pytest.mark.parametrize(("strategy", "setting", "named"), [
-    ("fsdp", "train.compile=true", "train.compile is not supported with train.strategy 'fsdp'"),
     ("fsdp", "train.fsdp_wrap=[NoSuchBlock]", "train.fsdp_wrap: the model has no module of "
                                               "class 'NoSuchBlock'"),
     ("fsdp", "train.precision=fp16", "train.precision 'fp16' is not supported with "

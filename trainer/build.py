@@ -157,7 +157,9 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
                    wrap_model(model, t.strategy, ctx))
     if t.compile:
         # DDP first, then compile: dynamo's DDPOptimizer splits the graph at DDP's buckets so
-        # communication still overlaps the backward pass.
+        # communication still overlaps the backward pass. FSDP2's units are sharded first too:
+        # dynamo traces their all-gather and reduce-scatter hooks (the same losses as eager to
+        # 1e-6 here, tests/test_fsdp.py).
         wrapped = torch.compile(wrapped)  # type: ignore[assignment]
     splits = workload.splits
     sampler = build_train_sampler(t.sampler, splits.train, ctx, t.seed)

@@ -32,7 +32,7 @@ DEFAULT_BLOCKS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 layer with parameters is its own unit."""
 
 
-def check(strategy: str, precision: str, compile_: bool, wrap: list[str]) -> None:
+def check(strategy: str, precision: str, wrap: list[str]) -> None:
     """What FSDP cannot do here, refused before the rendezvous with one line."""
     if strategy != "fsdp":
         if wrap:
@@ -44,9 +44,6 @@ def check(strategy: str, precision: str, compile_: bool, wrap: list[str]) -> Non
         raise ConfigError("train.precision 'fp16' is not supported with train.strategy "
                           "'fsdp' (its loss scaler does not unscale sharded gradients here)",
                           "use --set train.precision=bf16, or --strategy ddp for fp16")
-    if compile_:
-        raise ConfigError("train.compile is not supported with train.strategy 'fsdp' in "
-                          "this trainer yet", "set train.compile=false, or use --strategy ddp")
 
 
 def block_classes(model: nn.Module, names: list[str]) -> tuple[type[nn.Module], ...]:

@@ -58,8 +58,7 @@ def restart_count(starts: int | None) -> int:
 def _check_alone(cfg: JobConfig, ctx: DistContext) -> None:
     """What the config asks of this rank's environment (checked before the rendezvous)."""
     check_strategy(cfg.train.strategy, ctx)
-    sharding.check(cfg.train.strategy, cfg.train.precision, cfg.train.compile,
-                   cfg.train.fsdp_wrap)
+    sharding.check(cfg.train.strategy, cfg.train.precision, cfg.train.fsdp_wrap)
     Precision.check(cfg.train.precision, ctx.device)
     if cfg.train.compile:
         check_available()
