@@ -108,6 +108,7 @@ bench: venv
 	$(PY) benchmarks/bench_metrics.py
 	$(PY) benchmarks/bench_precision.py
 	$(PY) benchmarks/bench_data.py
+	$(PY) benchmarks/bench_fsdp.py
 
 k8s: tools
 	bash tools/render-k8s.sh

@@ -17,7 +17,7 @@ from tools.cluster.layout import Versions
 PAGES = {p.relative_to(REPO).as_posix(): p.read_text() for p in (
     REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
     REPO / "charts" / "ddp-trainer" / "README.md", REPO / "k8s" / "README.md",
-    REPO / "examples" / "mytask" / "README.md")}
+    REPO / "examples" / "mytask" / "README.md", REPO / "examples" / "causal_lm" / "README.md")}
 # Records of past runs state what they ran with, with their date; a pin bump does not rewrite them.
 RECORDS = {"docs/benchmarks.md"}
 CURRENT = {path: text for path, text in PAGES.items() if path not in RECORDS}

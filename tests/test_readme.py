@@ -61,7 +61,8 @@ def test_both_readmes_give_the_examples_setup_and_it_installs_what_the_classifie
     pin = next(r for r in extras["test"] if r.startswith("transformers"))
     assert not any(r.startswith("transformers") for r in
                    tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
-    for doc in (README, (REPO / "examples" / "mytask" / "README.md").read_text()):
+    for doc in (README, *((REPO / "examples" / name / "README.md").read_text()
+                          for name in ("mytask", "causal_lm"))):
         assert "after `make run`" in doc
         assert f".venv/bin/pip install '{pin}'" in doc
 

@@ -1,4 +1,4 @@
-"""Every `ddp-trainer` command in the bash blocks of the README, docs/*.md and the mytask README
+"""Every `ddp-trainer` command in the bash blocks of the README, docs/*.md and the examples' READMEs
 runs, shortened (2 ranks at most, 2 optimizer steps, no metrics port, outputs in a temporary
 directory), on data made as the docs' snippets make it, so the docs cannot go stale silently.
 A command naming a path this test cannot make fails it: a new example comes with its data here.
@@ -20,9 +20,10 @@ from conftest import REPO, read_json, run_cli
 from tests.data.datagen import arrays, images
 
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
-        REPO / "examples" / "mytask" / "README.md")
+        REPO / "examples" / "mytask" / "README.md", REPO / "examples" / "causal_lm" / "README.md")
 CLUSTER_COMMANDS = {"jobs"}
-ENV = {"PYTHONPATH": f"{REPO}:{REPO / 'examples' / 'mytask'}"}
+ENV = {"PYTHONPATH": ":".join(map(str, (REPO, REPO / "examples" / "mytask",
+                                        REPO / "examples" / "causal_lm")))}
 
 
 def commands(doc: Path) -> list[str]:
