@@ -6,10 +6,14 @@ tests copy holds the identity the server accepts, and its image is tagged by the
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tools.cluster import actions, seaweedfs
+from tools.cluster.procs import ClusterError
 
 REF = "10.250.0.1:5000/seaweedfs:abc"
 
@@ -54,3 +58,10 @@ def test_the_image_tag_follows_the_build_of_weed() -> None:
     one = seaweedfs.image(Path("/cache/seaweedfs-85ec14b6f32ae4d2/weed"))
     other = seaweedfs.image(Path("/cache/seaweedfs-0123456789abcdef/weed"))
     assert one.endswith(":85ec14b6f32ae4d2") and one != other
+
+
+def test_without_s3fs_the_bucket_step_fails_in_one_line_naming_the_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs raises ImportError
+    with pytest.raises(ClusterError, match=r"s3fs.*fix: make venv"):
+        seaweedfs.bucket_made("http://127.0.0.1:1")

@@ -116,8 +116,12 @@ def pod_endpoint(paths: Paths, kubectl: Path) -> str | None:
 def bucket_made(endpoint: str) -> bool:
     """Make the bucket (or find it there); False while the store cannot take it yet (its S3
     port opens before its master has a volume server)."""
-    import s3fs  # noqa: PLC0415 - the venv's `s3` extra (make venv), only for this add-on
-
+    try:
+        import s3fs  # noqa: PLC0415 - the venv's `s3` extra (make venv), only for this add-on
+    except ImportError:
+        raise procs.ClusterError("the object store's bucket is made through s3fs, which this "
+                                 "Python lacks (fix: make venv, or pip install -e '.[s3]')"
+                                 ) from None
     fs = s3fs.S3FileSystem(key=ACCESS_KEY, secret=SECRET_KEY, endpoint_url=endpoint,
                            client_kwargs={"region_name": REGION}, skip_instance_cache=True,
                            use_listings_cache=False)
