@@ -62,7 +62,9 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # The trainer's dependencies and theirs, pinned (the versions the test suite was run with),
 # plus the parts of the `data` extra every image needs: pyarrow (CSV) and Pillow (image
 # folders). Arrow `save_to_disk` directories and Parquet also need Hugging Face `datasets`:
-# add it in your own image (README "Your data").
+# add it in your own image (README "Your data"). The `s3` extra (s3fs, then aiobotocore,
+# botocore and aiohttp with theirs) so that checkpoint.dir and output.dir may be s3:// URLs
+# (docs/checkpoints.md, the chart's storage.s3 values).
 # torch is not listed: the base provides it (with its own dependencies) and `torch>=2.4` is
 # already satisfied, so pip never replaces it. The wheel comes in through a bind mount, so no
 # layer keeps it. PIP_BREAK_SYSTEM_PACKAGES: a base whose interpreter is marked externally
@@ -82,6 +84,26 @@ RUN --mount=type=bind,from=wheel,source=/dist,target=/wheels \
         safetensors==0.8.0 \
         pyarrow==26.0.1 \
         pillow==13.0.0 \
+        s3fs==2026.9.0 \
+        fsspec==2026.9.0 \
+        aiobotocore==3.10.0 \
+        botocore==1.43.117 \
+        aiohttp==3.14.5 \
+        aiohappyeyeballs==2.7.1 \
+        aiosignal==1.4.0 \
+        aioitertools==0.13.0 \
+        attrs==26.1.0 \
+        frozenlist==1.8.0 \
+        multidict==7.2.1 \
+        propcache==0.5.4 \
+        yarl==1.25.1 \
+        idna==3.21 \
+        jmespath==1.1.0 \
+        python-dateutil==2.9.0.post0 \
+        six==1.17.0 \
+        urllib3==2.8.0 \
+        wrapt==2.5.2 \
+        typing-extensions==4.16.0 \
     && ddp-trainer --version
 
 # Fixed non-root user; the directories the pod mounts exist and belong to it so the image

@@ -174,3 +174,15 @@ def test_every_runtime_dependency_of_the_package_is_pinned_in_the_image() -> Non
             continue
         assert name in pinned, f"{name} is a dependency but not pinned in the image"
         assert specifier.contains(pinned[name]), (name, str(specifier), pinned[name])
+
+
+def test_the_s3_extra_is_in_the_image_at_its_pinned_version() -> None:
+    # checkpoint.dir/output.dir s3:// in chart jobs (storage.s3 values) need s3fs in the image.
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["s3"]
+    install = next(r.args for r in parse().final.all("RUN") if "/wheels/ddp_trainer-" in r.args)
+    pinned = {w.partition("==")[0].lower(): w.partition("==")[2]
+              for w in install.split() if "==" in w}
+    for requirement in map(Requirement, extra):
+        assert requirement.name.lower() in pinned, f"{requirement.name} not pinned in the image"
+        assert requirement.specifier.contains(pinned[requirement.name.lower()]), requirement

@@ -30,6 +30,7 @@ from tools.cluster import (
     pki,
     procs,
     prometheus_stack,
+    seaweedfs,
     trainer_v2,
 )
 from tools.cluster.controllers import HostController
@@ -289,6 +290,19 @@ def _operators(up: Up) -> str:
     return "; ".join(line for line in said if line)
 
 
+def _object_store(up: Up) -> str:
+    """SeaweedFS as a Deployment, its bucket and credentials (seaweedfs.py): the S3 store chart
+    jobs write to with `storage.s3`. Its `weed` is built once per machine, as the others."""
+    from tools.s3server import weed
+
+    began = time.monotonic()
+    binary = weed()
+    built = time.monotonic()
+    ref = images.seaweedfs(Podman(), up.paths, binary)
+    line = seaweedfs.install(up.paths, up.bins["kubectl"], ref)
+    return f"{line} ({built - began:.0f} s build, {time.monotonic() - built:.0f} s image and pod)"
+
+
 @dataclass(frozen=True)
 class Action:
     name: str
@@ -307,5 +321,6 @@ ACTIONS: tuple[Action, ...] = (
     Action("node", _node),
     Action("further nodes", _further_nodes),
     Action("operators", _operators),
+    Action("object store", _object_store),
     Action("chart values", lambda up: values_local(up.paths, up.image)),
 )

@@ -6,6 +6,8 @@ podman; containerd then pulls them over HTTPS as a cluster pulls from any regist
 - busybox: Debian's busybox-static, for local-path-provisioner's helper pods;
 - prometheus, prometheus-config-reloader: built from their modules, for the Prometheus pod
   prometheus-operator makes;
+- seaweedfs: the object-storage tests' `weed` (tools/s3server.py), for the cluster's S3 store
+  (seaweedfs.py);
 - ddp-trainer: the checkout's Dockerfile, built as the release builds it
   (tools/imagebuild/image.py: podman, a debootstrapped base, the local wheel index).
 """
@@ -20,6 +22,8 @@ from pathlib import Path
 from tools.cluster.configs import HELPER_IMAGE, PAUSE_IMAGE
 from tools.cluster.layout import REGISTRY, Paths
 from tools.cluster.prometheus_stack import PROMETHEUS_IMAGE, RELOADER_IMAGE
+from tools.cluster.seaweedfs import CONTAINERFILE as SEAWEEDFS_FILE
+from tools.cluster.seaweedfs import image as seaweedfs_image
 from tools.imagebuild.image import BuiltImage, trainer_image
 from tools.imagebuild.podman import Podman
 
@@ -98,6 +102,13 @@ def monitoring_images(podman: Podman, paths: Paths, bins: dict[str, Path]) -> No
     _tiny(podman, paths, PROMETHEUS_IMAGE, PROMETHEUS_FILE, {"prometheus": bins["prometheus"]})
     _tiny(podman, paths, RELOADER_IMAGE, RELOADER_FILE,
           {"prometheus-config-reloader": bins["prometheus-config-reloader"]})
+
+
+def seaweedfs(podman: Podman, paths: Paths, weed: Path) -> str:
+    """SeaweedFS's image, tagged by its build; its reference."""
+    ref = seaweedfs_image(weed)
+    _tiny(podman, paths, ref, SEAWEEDFS_FILE, {"weed": weed})
+    return ref
 
 
 def trainer(podman: Podman, paths: Paths) -> tuple[str, BuiltImage]:

@@ -113,14 +113,33 @@ Name of the PVC backing a volume ("" when none): include "ddp-trainer.claimName"
 {{- end }}
 
 {{/*
+`s3://<bucket>/<prefix>` of storage.s3 (the prefix defaulting to the release's full name), or
+"" when no bucket is set. A bucket beside a checkpoints or outputs claim fails the render: the
+trainer would write to the bucket and the claim would stay empty.
+*/}}
+{{- define "ddp-trainer.s3Url" -}}
+{{- $s3 := .Values.storage.s3 }}
+{{- if $s3.bucket }}
+{{- range $key := list "checkpoints" "outputs" }}
+{{- if include "ddp-trainer.claimName" (list $ $key) }}
+{{- fail (printf "storage.s3.bucket is set and so is a persistence.%s claim: checkpoints and outputs go to the bucket (fix: drop persistence.%s.existingClaim/create.enabled, or unset storage.s3.bucket)" $key $key) }}
+{{- end }}
+{{- end }}
+{{- $prefix := trimAll "/" (default (include "ddp-trainer.fullname" .) $s3.prefix) }}
+{{- printf "s3://%s/%s" $s3.bucket $prefix }}
+{{- end }}
+{{- end }}
+
+{{/*
 The trainer config file: trainerConfig with the paths and the metrics port the pod provides.
 */}}
 {{- define "ddp-trainer.trainerConfig" -}}
 {{- $cfg := deepCopy (default dict .Values.trainerConfig) }}
+{{- $s3 := include "ddp-trainer.s3Url" . }}
 {{- $_ := set $cfg "checkpoint" (merge (dict "dir" "/checkpoints") (default dict $cfg.checkpoint)) }}
-{{- $_ = set $cfg.checkpoint "dir" "/checkpoints" }}
+{{- $_ = set $cfg.checkpoint "dir" (ternary (printf "%s/checkpoints" $s3) "/checkpoints" (ne $s3 "")) }}
 {{- $_ = set $cfg "output" (default dict $cfg.output) }}
-{{- $_ = set $cfg.output "dir" "/outputs" }}
+{{- $_ = set $cfg.output "dir" (ternary (printf "%s/outputs" $s3) "/outputs" (ne $s3 "")) }}
 {{- $_ = set $cfg "metrics" (default dict $cfg.metrics) }}
 {{- $_ = set $cfg.metrics "port" (int .Values.metrics.port) }}
 {{- /* Final values stay up for two scrapes; a stop is acted on well within the grace period. */}}

@@ -148,6 +148,30 @@ the node's allocatable CPU for a missing limit.
       divisor: 1m
 {{- end }}
 {{- end }}
+{{- with .Values.storage.s3 }}
+{{- if .bucket }}
+{{- if .endpoint }}
+- name: AWS_ENDPOINT_URL
+  value: {{ .endpoint | quote }}
+{{- end }}
+{{- if .region }}
+- name: AWS_DEFAULT_REGION
+  value: {{ .region | quote }}
+{{- end }}
+{{- if .secretName }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secretName }}
+      key: {{ .accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secretName }}
+      key: {{ .secretAccessKeyKey }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- with .Values.env }}
 {{ toYaml . }}
 {{- end }}
@@ -224,10 +248,12 @@ Size limit of /dev/shm: shm.sizeLimit, else shm.perGpu times the ranks of the po
   mountPath: /data
   readOnly: {{ $v.persistence.data.readOnly }}
 {{- end }}
+{{- if not .Values.storage.s3.bucket }}
 - name: checkpoints
   mountPath: /checkpoints
 - name: outputs
   mountPath: /outputs
+{{- end }}
 {{- if include "ddp-trainer.hangEvents" . }}
 - name: api-token
   mountPath: /var/run/secrets/ddp-trainer
@@ -257,7 +283,7 @@ Size limit of /dev/shm: shm.sizeLimit, else shm.perGpu times the ranks of the po
     claimName: {{ . }}
     readOnly: {{ $v.persistence.data.readOnly }}
 {{- end }}
-{{- range $key := list "checkpoints" "outputs" }}
+{{- range $key := ternary (list) (list "checkpoints" "outputs") (ne $v.storage.s3.bucket "") }}
 - name: {{ $key }}
   {{- with include "ddp-trainer.claimName" (list $root $key) }}
   persistentVolumeClaim:
