@@ -28,8 +28,8 @@ up_log=.cache/cluster-up.log
 two_log=.cache/cluster-two-nodes.log
 TWO_NODES=tests/cluster/test_two_nodes.py
 later_log=.cache/later.log
-LATER=(tests/examples/test_mytask.py tests/test_readme_commands.py tests/test_training.py
-       tests/data/test_images.py tests/data/test_tables.py tests/sampling/test_sampler_resume.py
+LATER=(tests/examples/test_mytask.py tests/examples/test_causal_lm.py
+       tests/test_readme_commands.py tests/test_training.py tests/data/test_images.py tests/data/test_tables.py tests/sampling/test_sampler_resume.py
        tests/robustness/test_nothing_lost.py tests/test_launch_trainer_v2.py
        tests/metrics/test_trainjob_status_run.py)
 
