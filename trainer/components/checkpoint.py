@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from trainer.components import durable
 from trainer.components import sharded_checkpoint as sharded
 from trainer.errors import LOOP, CheckpointError, missing
 
@@ -67,14 +68,6 @@ def check_writable(directory: Path) -> None:
                               "point --checkpoint-dir at a writable directory") from None
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def serialize(state: dict[str, Any]) -> bytes:
     """The checkpoint payload; a snapshot, so training may modify the tensors afterwards."""
     buf = io.BytesIO()
@@ -101,7 +94,7 @@ def write(directory: Path, step: int, payload: bytes, keep: int) -> Path:
         if final.exists() and (problem := problem_of(final)) is not None:
             quarantine(final, problem)  # a bad file of the same step is kept aside, not replaced
         os.replace(tmp_name, final)
-        _fsync_dir(directory)
+        durable.fsync_path(directory)
     except OSError as exc:
         if tmp_name:
             Path(tmp_name).unlink(missing_ok=True)

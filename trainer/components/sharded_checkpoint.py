@@ -16,7 +16,6 @@ single file (:mod:`trainer.components.checkpoint`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.components import durable
 from trainer.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -63,22 +63,6 @@ def drop_unfinished(directory: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def problem_of(path: Path) -> str | None:
     """Why the sharded checkpoint `path` is not complete and intact, or None when it is."""
     try:
@@ -97,7 +81,7 @@ def problem_of(path: Path) -> str | None:
             return f"{path} is torn ({name} is missing)"
         if actual != size:
             return f"{path} is torn ({name} has {actual} of {size} bytes)"
-        if _sha256(file) != sha:
+        if durable.sha256_of(file) != sha:
             return f"{path} is corrupt ({name} fails its checksum)"
     return None
 
@@ -106,21 +90,21 @@ def finish(tmp: Path, final: Path, train_file: bytes) -> None:
     """Rank 0, once DCP's save returned (every shard and ``.metadata`` durable): write
     ``train.pt`` and the marker, then publish the folder under its final name."""
     (tmp / TRAIN).write_bytes(train_file)
-    files = {p.name: [p.stat().st_size, _sha256(p)] for p in sorted(tmp.iterdir())
+    files = {p.name: [p.stat().st_size, durable.sha256_of(p)] for p in sorted(tmp.iterdir())
              if p.is_file() and p.name != MARKER}
     for name in files:
-        _fsync(tmp / name)
+        durable.fsync_path(tmp / name)
     marker = tmp / f".{MARKER}.tmp"
     with marker.open("w") as fh:
         json.dump({"files": files}, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(marker, tmp / MARKER)
-    _fsync(tmp)
+    durable.fsync_path(tmp)
     if final.exists():  # the same step saved again (a SIGTERM right after a step's save)
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync(final.parent)
+    durable.fsync_path(final.parent)
 
 
 def writer(path: Path) -> Any:

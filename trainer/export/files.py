@@ -9,7 +9,6 @@ new one, never a mixture and never nothing.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from torch import nn
 
 from trainer import __version__
 from trainer.components import storage
+from trainer.components.durable import fsync_path, sha256_of
 from trainer.config import CONFIG_VERSION, JobConfig
 from trainer.errors import ConfigError, OutputError
 
@@ -80,22 +80,6 @@ def _umask() -> int:
     umask = os.umask(0o022)
     os.umask(umask)
     return umask
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _save_pretrained(model: nn.Module, where: Path, class_names: Sequence[str],
@@ -157,8 +141,8 @@ def write_export(out: Path, state: Mapping[str, Any], meta: dict[str, Any], *,
         for path in tmp.iterdir():
             if path.is_file():
                 path.chmod(0o666 & ~umask)
-                _fsync(path)
-        _fsync(tmp)
+                fsync_path(path)
+        fsync_path(tmp)
         _swap(tmp, out)
     except OSError as exc:
         if tmp is not None:
@@ -186,7 +170,7 @@ def _swap(tmp: Path, out: Path) -> None:
             os.replace(old, out)
             old.parent.rmdir()
         raise
-    _fsync(out.parent)
+    fsync_path(out.parent)
     if old is not None:
         with contextlib.suppress(OSError):
             if old.is_dir() and not old.is_symlink():

@@ -11,10 +11,11 @@ import torch
 from torch import nn
 
 from trainer.components import checkpoint, models, sharded_checkpoint
+from trainer.components.durable import sha256_of
 from trainer.config import JobConfig, saved_config
 from trainer.config_load import merge
 from trainer.errors import CheckpointError, ConfigError, missing
-from trainer.export.files import FORMAT, META, sha256_of
+from trainer.export.files import FORMAT, META
 from trainer.loop.resume_check import training_state
 
 TRAINING_ONLY = ("model", "optimizer", "rng_cpu", "rng_cuda", "sampler", "precision", "config")
