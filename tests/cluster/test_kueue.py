@@ -196,11 +196,16 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_exactly(
     assert_same_as(got, got_high)  # the same values: the uninterrupted run's numbers
     redone = saved - got.summary["resumed_from_step"]
     assert redone == 0, (saved, got.summary)
-    # rank 0 read its Workload when readmitted: one preemption, exported and logged
-    master = f"{low.job}-master-0"
-    log = cluster.logs(master, low.namespace)
-    assert "evicted 1 time(s) before (1 preempted)" in log, log[-2000:]
     since = dt.datetime.fromisoformat(evicted["lastTransitionTime"].replace("Z", "+00:00"))
+    # rank 0 read its Workload when readmitted: one preemption, exported and logged
+    log = cluster.kubectl("logs", f"{low.job}-master-0", "-n", low.namespace,
+                          "--timestamps").stdout
+    assert "evicted 1 time(s) before (1 preempted)" in log, log[-2000:]
+    queued = next(line for line in log.splitlines() if "queue: " in line)
+    stepped = next(line for line in log.splitlines() if " INFO epoch " in line)
+    first_step = dt.datetime.fromisoformat(stepped.split()[0].replace("Z", "+00:00"))
+    print(f"{queued}\nfirst step logged after readmission: {stepped}; "
+          f"{(first_step - since).total_seconds():.0f} s after the preemption")
     readmitted = condition(low, "Admitted")
     print(f"steps redone: {redone}; preempted at {since}, readmitted "
           f"{readmitted.get('lastTransitionTime')}")
