@@ -289,6 +289,16 @@ class CheckpointConfig:
     """How many of the newest valid checkpoints (by step) to keep; an invalid one (torn,
     corrupt, not a checkpoint) is moved aside into `corrupt/` in this directory, never counted
     or deleted."""
+    upload_retries: int = field(default=5, metadata=limits(minimum=0, maximum=20))
+    """For an `s3://` `checkpoint.dir` or `output.dir`: how many times a failed upload is
+    tried again, after 1, 2, 4, ... s (at most 30 s apart). A checkpoint still not uploaded
+    is skipped (a WARNING line, `trainer_checkpoint_failed_saves_total`) and training goes on
+    from the last durable one; the final or SIGTERM one stops the run with exit 203."""
+    upload_deadline_seconds: float = field(default=60.0, metadata=limits(minimum=0,
+                                                                          maximum=3600))
+    """No retry of an upload starts later than this after its first try: keep it under the
+    pod's grace period (the chart's `terminationGracePeriodSeconds`, 120 s) less the time
+    to stop at a step and write (docs/checkpoints.md)."""
 
 
 @dataclass
