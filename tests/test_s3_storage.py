@@ -116,7 +116,8 @@ def test_an_s3_path_where_only_local_ones_work_is_one_line_and_exit_2(
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("error:") == 1 and "Traceback" not in proc.stderr
-    assert "s3:// is supported only by checkpoint.dir and output.dir" in proc.stderr
+    assert "s3:// is supported only by checkpoint.dir, output.dir and data.dataset" in \
+        proc.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written (no local folder named s3:)
 
 

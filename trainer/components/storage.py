@@ -137,9 +137,9 @@ def local_dir(spec: str) -> Path:
 def refuse(value: str, flag: str) -> None:
     """One line for an ``s3://`` path where only local ones are read or written."""
     if is_remote(value):
-        raise ConfigError(f"{flag} {value}: s3:// is supported only by checkpoint.dir and "
-                          "output.dir", f"copy it to a local path first (aws s3 cp --recursive "
-                          f"{value} DIR) and pass that")
+        raise ConfigError(f"{flag} {value}: s3:// is supported only by checkpoint.dir, "
+                          "output.dir and data.dataset", f"copy it to a local path first (aws "
+                          f"s3 cp --recursive {value} DIR) and pass that")
 
 
 def shown(spec: str, path: Path) -> str:
