@@ -116,21 +116,22 @@ def test_an_s3_path_where_only_local_ones_work_is_one_line_and_exit_2(
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("error:") == 1 and "Traceback" not in proc.stderr
-    assert "s3:// is supported only by checkpoint.dir and output.dir" in proc.stderr
+    assert "s3:// is supported only by checkpoint.dir, output.dir and data.dataset" in \
+        proc.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written (no local folder named s3:)
 
 
-def test_a_failed_upload_is_raised_by_the_next_wait_and_keeps_the_checkpoints_in_the_store(
+def test_a_failed_final_upload_is_raised_by_the_wait_and_keeps_the_checkpoints_in_the_store(
         s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from trainer.components import storage
     from trainer.config import CheckpointConfig
-    from trainer.errors import StorageError
+    from trainer.errors import CheckpointUnsaved
     from trainer.loop.save_policy import Saver
 
     for key, value in s3_server.env.items():
         monkeypatch.setenv(key, value)
     url = s3_server.url("failing-upload")
-    saver = Saver(CheckpointConfig(dir=url, every=1, keep=3), is_main=True)
+    saver = Saver(CheckpointConfig(dir=url, every=1, keep=3, upload_retries=0), is_main=True)
     try:
         saver.save(1, lambda: {"step": 1})
         saver.wait()
@@ -139,7 +140,7 @@ def test_a_failed_upload_is_raised_by_the_next_wait_and_keeps_the_checkpoints_in
         remote = storage.store(url, "checkpoint dir")
         monkeypatch.setattr(remote, "fs", storage.Store(url, "checkpoint dir").fs)
         saver.save(2, lambda: {"step": 2})
-        with pytest.raises(StorageError, match=r"writing ckpt-000000002.pt failed"):
+        with pytest.raises(CheckpointUnsaved, match=r"writing ckpt-000000002.pt failed"):
             saver.wait()
     finally:
         saver.writer.close()

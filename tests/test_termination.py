@@ -118,8 +118,9 @@ def test_the_termination_message_is_cut_to_the_kubelets_4096_bytes(tmp_path: Pat
 
 
 def test_exit_classes_name_each_documented_exit_code() -> None:
-    assert [exit_class(code) for code in (2, 3, 4, 5, 143, 137, 1)] == [
-        "config", "diverged", "lost peer", "user code", "preempted", "killed", "error"]
+    assert [exit_class(code) for code in (2, 3, 4, 5, 143, 203, 137, 1)] == [
+        "config", "diverged", "lost peer", "user code", "preempted", "unsaved", "killed",
+        "error"]
     assert exit_class(137, "OOMKilled") == "OOM-killed"
 
 

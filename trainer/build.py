@@ -187,7 +187,8 @@ def build_parts(cfg: JobConfig, ctx: DistContext, workload: Workload) -> TrainPa
 def build_loop(cfg: JobConfig, ctx: DistContext, parts: TrainParts, metrics: MetricsLogger,
                stop: StopFlag) -> LoopParts:
     t = cfg.train
-    saver = Saver(cfg.checkpoint, ctx.is_main, epochs=t.epochs, max_steps=t.max_steps)
+    saver = Saver(cfg.checkpoint, ctx.is_main, epochs=t.epochs, max_steps=t.max_steps,
+                  report=metrics.log)
     agreement = Agreement(ctx, stop, t.log_every, t.stop_check_seconds,
                           cfg.dist.timeout_seconds, min_seconds=t.log_seconds)
     step_log = storage.local_dir(cfg.output.dir) / "steps.jsonl" if cfg.output.step_log else None

@@ -104,8 +104,9 @@ class DataConfig:
     tensors, as in the article this project grew from), a path (a `.npz`, `.csv` or
     `.parquet` file, or a directory: x.npy + y.npy, image class folders, a `save_to_disk`
     directory, Parquet files, or `train/` + `val/` splits of one of these; see
-    docs/data.md), or an import path `package.module:callable` returning a map-style
-    Dataset or a (train, val) pair of them."""
+    docs/data.md; `s3://bucket/key-or-prefix`: one of these in S3, copied into
+    `cache_dir` once per machine), or an import path `package.module:callable` returning a
+    map-style Dataset or a (train, val) pair of them."""
     format: str = field(default="auto", metadata=one_of(DATA_FORMATS))
     """What a `dataset` path holds: `auto` (detected from the files, and logged), `npy`,
     `images`, `arrow` (save_to_disk), `parquet`, `csv` or `npz`; only `auto` with a built-in
@@ -135,7 +136,8 @@ class DataConfig:
     cache_dir: str = ""
     """Where Parquet files are converted once into a memory-mapped Arrow file (empty: the
     Hugging Face datasets cache, `$HF_DATASETS_CACHE` or ~/.cache/huggingface/datasets); it
-    needs room for the selected columns."""
+    needs room for the selected columns. An `s3://` dataset is copied into `s3/` here (empty:
+    `ddp-trainer-data` in the temporary directory)."""
     synthetic_samples: int = field(default=1200, metadata=limits(minimum=1))
     """Number of samples of the `synthetic` dataset."""
     synthetic_features: int = field(default=10, metadata=limits(minimum=1))
@@ -294,6 +296,16 @@ class CheckpointConfig:
     host memory and written on a background thread (DCP's `async_save`), so training waits only
     for the copy, not for the disk (docs/checkpoints.md). DDP's single-file checkpoints are
     always written in the background."""
+    upload_retries: int = field(default=5, metadata=limits(minimum=0, maximum=20))
+    """For an `s3://` `checkpoint.dir` or `output.dir`: how many times a failed upload is
+    tried again, after 1, 2, 4, ... s (at most 30 s apart). A checkpoint still not uploaded
+    is skipped (a WARNING line, `trainer_checkpoint_failed_saves_total`) and training goes on
+    from the last durable one; the final or SIGTERM one stops the run with exit 203."""
+    upload_deadline_seconds: float = field(default=60.0, metadata=limits(minimum=0,
+                                                                          maximum=3600))
+    """No retry of an upload starts later than this after its first try: keep it under the
+    pod's grace period (the chart's `terminationGracePeriodSeconds`, 120 s) less the time
+    to stop at a step and write (docs/checkpoints.md)."""
 
 
 @dataclass

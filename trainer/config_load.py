@@ -213,7 +213,9 @@ def _require(ok: bool, where: str, problem: str, fix: str) -> None:
 
 def validate(cfg: JobConfig) -> None:
     d, m, o, t, c = cfg.data, cfg.model, cfg.optim, cfg.train, cfg.checkpoint
-    if not (d.dataset in DATASET_NAMES or is_import_path(d.dataset)):
+    # an s3:// dataset is looked up in its store when it is fetched (trainer.data.remote)
+    if not (d.dataset in DATASET_NAMES or is_import_path(d.dataset)
+            or d.dataset.startswith("s3://")):
         looks_like_path = os.sep in d.dataset or bool(os.path.splitext(d.dataset)[1]) or \
             os.path.islink(d.dataset)
         why, fix = missing(d.dataset, "pass an existing file or directory")
@@ -308,6 +310,12 @@ def validate(cfg: JobConfig) -> None:
     _require(bool(cfg.output.dir), "output.dir", "is empty (outputs never go to an unnamed "
              "directory)", "name the directory, e.g. --output-dir outputs")
     _require(c.keep >= 1, "checkpoint.keep", "must be >= 1", "keep at least one checkpoint")
+    _require(0 <= c.upload_retries <= 20, "checkpoint.upload_retries",
+             f"{c.upload_retries} is outside [0, 20]", "use e.g. 5 (0: no retry)")
+    _require(math.isfinite(c.upload_deadline_seconds) and 0 <= c.upload_deadline_seconds <= 3600,
+             "checkpoint.upload_deadline_seconds",
+             f"{c.upload_deadline_seconds} is not a number in [0, 3600]",
+             "use e.g. 60, under the pod's grace period")
     _require(cfg.dist.backend in BACKENDS, "dist.backend",
              f"unknown backend {_q(cfg.dist.backend)}", f"use one of {', '.join(BACKENDS)}")
     check_timeout("dist.timeout_seconds", cfg.dist.timeout_seconds, "use e.g. --timeout 600")

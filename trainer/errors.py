@@ -116,6 +116,21 @@ class StorageError(TrainerError):
     named that cannot be used."""
 
 
+UNSAVED_EXIT = 128 + 75
+"""203: the final or SIGTERM checkpoint could not be uploaded to its object store within
+``checkpoint.upload_retries`` / ``upload_deadline_seconds``. 75 is sysexits.h's EX_TEMPFAIL (a
+store that may come back); 128 + it lies in the 128-255 range the training operator's ExitCode
+policy retries, above every signal's 128 + N: the job restarts from its last durable checkpoint."""
+
+
+class CheckpointUnsaved(AgreedStop):
+    """The checkpoint that ends a run (its last step, or a SIGTERM) is not durable in its store;
+    the last durable one is named, and kept. Rank 0's verdict, shared: every rank leaves with
+    it at the same point, the group intact."""
+
+    exit_code = UNSAVED_EXIT
+
+
 LOOP = "is a symlink loop (a link that leads back to itself)"
 
 
@@ -151,5 +166,5 @@ def exit_class(code: int, reason: str = "") -> str:
     classes = {0: "completed", TrainerError.exit_code: "config",
                TrainingDiverged.exit_code: "diverged", RankLost.exit_code: "lost peer",
                USER_CODE_EXIT: "user code", Preempted.exit_code: "preempted",
-               HUNG_EXIT: "hung", HUNG_AGAIN_EXIT: "hung again"}
+               HUNG_EXIT: "hung", HUNG_AGAIN_EXIT: "hung again", UNSAVED_EXIT: "unsaved"}
     return classes.get(code, "OOM-killed" if reason == "OOMKilled" else "error")

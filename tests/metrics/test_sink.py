@@ -186,6 +186,20 @@ def test_checkpoint_resume_and_cuda_memory_keys() -> None:
     assert get(reg, "trainer_cuda_memory_max_allocated_bytes", rank="0") == 3e9
 
 
+def test_the_durable_checkpoint_step_is_set_and_failed_saves_are_counted_on_rank0_only() -> None:
+    m, reg = fresh(rank=0)
+    assert get(reg, "trainer_checkpoint_durable_step", rank="0") == 0.0
+    assert get(reg, "trainer_checkpoint_failed_saves_total", rank="0") == 0.0
+    m.update({"checkpoint/durable_step": 40.0})
+    m.update({"checkpoint/failed_saves": 1.0})
+    m.update({"checkpoint/failed_saves": 1.0})
+    assert get(reg, "trainer_checkpoint_durable_step", rank="0") == 40.0
+    assert get(reg, "trainer_checkpoint_failed_saves_total", rank="0") == 2.0
+    _, reg1 = fresh(rank=1)
+    assert get(reg1, "trainer_checkpoint_durable_step", rank="1") is None
+    assert get(reg1, "trainer_checkpoint_failed_saves_total", rank="1") is None
+
+
 def test_cuda_memory_series_exist_only_on_cuda_devices() -> None:
     _, cpu = fresh(device="cpu")
     _, cuda = fresh(device="cuda")

@@ -60,6 +60,7 @@ class SeaweedS3:
     def __init__(self, workdir: Path, bucket: str = BUCKET, start_timeout: float = 120) -> None:
         self.workdir, self.bucket, self.start_timeout = workdir, bucket, start_timeout
         self.proc: subprocess.Popen[bytes] | None = None
+        self._command: list[str] = []
         self.port = 0
         self.log = workdir / "weed.log"
 
@@ -104,7 +105,22 @@ class SeaweedS3:
                    f"-filer.port.grpc={filer_grpc}", "-s3", f"-s3.port={s3}",
                    f"-s3.port.grpc={s3_grpc}", f"-s3.config={identities}",
                    "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        self._command = command
         self.proc = subprocess.Popen(command, stdout=self.log.open("wb"),
+                                     stderr=subprocess.STDOUT, cwd=self.workdir)
+        self._wait_until_bucket_made()
+        return self
+
+    def kill(self) -> None:
+        """Stop the server at once (SIGKILL), as a crashed store: its port refuses connections
+        from now on; its data stays for :meth:`restart`."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def restart(self) -> SeaweedS3:
+        """Serve again on the same ports, from the same data (after :meth:`kill`)."""
+        self.proc = subprocess.Popen(self._command, stdout=self.log.open("ab"),
                                      stderr=subprocess.STDOUT, cwd=self.workdir)
         self._wait_until_bucket_made()
         return self

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainer.components.retry import DEFAULT, Backoff, retried
 from trainer.errors import ConfigError, StorageError, first_line
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,11 @@ class Store:
             if logging.getLogger(name).level == logging.NOTSET:
                 logging.getLogger(name).setLevel(logging.WARNING)
         # A short connect timeout and few retries: an unreachable endpoint is one line within
-        # seconds, not a minute of botocore's and s3fs's retries stacked.
+        # seconds, not a minute of botocore's and s3fs's retries stacked; a read timeout, so
+        # that a store that accepts and never answers (stopped, overloaded) ends a try too
+        # (trainer.components.retry tries again).
         self.fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False,
-                                    config_kwargs={"connect_timeout": 5,
+                                    config_kwargs={"connect_timeout": 5, "read_timeout": 30,
                                                    "retries": {"max_attempts": 2}})
         self.fs.retries = 2
 
@@ -134,9 +137,9 @@ def local_dir(spec: str) -> Path:
 def refuse(value: str, flag: str) -> None:
     """One line for an ``s3://`` path where only local ones are read or written."""
     if is_remote(value):
-        raise ConfigError(f"{flag} {value}: s3:// is supported only by checkpoint.dir and "
-                          "output.dir", f"copy it to a local path first (aws s3 cp --recursive "
-                          f"{value} DIR) and pass that")
+        raise ConfigError(f"{flag} {value}: s3:// is supported only by checkpoint.dir, "
+                          "output.dir and data.dataset", f"copy it to a local path first (aws "
+                          f"s3 cp --recursive {value} DIR) and pass that")
 
 
 def shown(spec: str, path: Path) -> str:
@@ -172,13 +175,15 @@ def pull_outputs(spec: str) -> None:
             (local_dir(spec) / name).write_bytes(data)
 
 
-def push_outputs(spec: str) -> None:
-    """Upload what the run wrote into the staging folder (each file one object)."""
+def push_outputs(spec: str, backoff: Backoff = DEFAULT) -> None:
+    """Upload what the run wrote into the staging folder (each file one object, each retried
+    as `backoff` allows)."""
     remote, base = store(spec, "output.dir"), local_dir(spec)
     for path in sorted(base.rglob("*")):
         rel = path.relative_to(base).as_posix()
         if path.is_file() and not any(p.startswith(".") for p in rel.split("/")):
-            remote.put(rel, path.read_bytes())
+            data = path.read_bytes()
+            retried(functools.partial(remote.put, rel, data), backoff, f"uploading {rel}")
 
 
 # -- checkpoints ----------------------------------------------------------------------------
@@ -218,15 +223,26 @@ def pull_latest(spec: str, verify: Callable[[bytes, str], str | None]) -> None:
 
 
 def push_checkpoint(spec: str, path: Path, keep: int,
-                    verify: Callable[[bytes, str], str | None]) -> None:
-    """Upload a checkpoint written locally, then keep the newest `keep` valid ones in the
-    store (the one uploaded always stays)."""
+                    verify: Callable[[bytes, str], str | None],
+                    backoff: Backoff = DEFAULT) -> None:
+    """Upload a checkpoint written locally (retried as `backoff` allows), then keep the
+    newest `keep` valid ones in the store (the one uploaded always stays): nothing is deleted
+    before the new one is durable."""
     remote = store(spec, "checkpoint dir")
-    remote.put(path.name, path.read_bytes())
+    data = path.read_bytes()
+    retried(functools.partial(remote.put, path.name, data), backoff, f"uploading {path.name}")
     _valid.add(path.name)
+    try:
+        _prune(remote, path.name, keep, verify)
+    except StorageError as exc:  # the new one is durable: the old ones go at the next save
+        log.warning("older checkpoints beyond checkpoint.keep not deleted now: %s", exc.problem)
+
+
+def _prune(remote: Store, newest: str, keep: int,
+           verify: Callable[[bytes, str], str | None]) -> None:
     kept = 0
     for name in checkpoint_names(remote):
-        if name == path.name:
+        if name == newest:
             kept += 1
         elif kept >= keep:
             remote.delete(name)

@@ -11,6 +11,7 @@ copied.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -23,8 +24,9 @@ from typing import Any
 import torch
 
 from trainer import plugins
+from trainer.components import storage
 from trainer.config import DATASET_NAMES, DataConfig
-from trainer.data import layout, memory
+from trainer.data import layout, memory, remote
 from trainer.data.splits import split, split_indices
 from trainer.data.views import IndexView, first_sample_shape, require_map_style
 from trainer.errors import DataError
@@ -65,7 +67,13 @@ def _builtins(cfg: DataConfig, seed: int) -> dict[str, Callable[..., Any]]:
 
 
 def _file_factory(cfg: DataConfig, seed: int) -> Callable[..., Any]:
-    """Detect and check the layout at the path (headers, schemas, listings: no data read)."""
+    """Detect and check the layout at the path (headers, schemas, listings: no data read); an
+    ``s3://`` dataset is copied into the local cache first (:mod:`trainer.data.remote`)."""
+    if storage.is_remote(cfg.dataset):
+        local = remote.local_copy(cfg.dataset, cfg.cache_dir)
+        found = layout.detect(local, dataclasses.replace(cfg, dataset=str(local)))
+        log.info("data.dataset %s (copy of %s)", found.summary(), cfg.dataset)
+        return layout.factory(found, dataclasses.replace(cfg, dataset=str(local)), seed)
     if not Path(cfg.dataset).exists() and not (os.sep in cfg.dataset
                                                or Path(cfg.dataset).suffix):
         raise DataError(f"data.dataset: {cfg.dataset!r} is neither a built-in, a path nor an "

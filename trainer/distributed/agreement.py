@@ -165,6 +165,15 @@ class Agreement:
         """Complete the reduction in flight (before the process group goes away)."""
         self._collect()
 
+    def rank0s(self, value: Any) -> Any:
+        """Rank 0's `value` (picklable), on every rank: a collective when distributed."""
+        if not self.ctx.initialized:
+            return value
+        sent = [value]
+        with collective("rank 0's verdict on the last checkpoint", self.timeout_seconds):
+            dist.broadcast_object_list(sent, src=0, device=_object_device(self.ctx))
+        return sent[0]
+
     def _collect(self) -> Verdict:
         if self._inflight is None:
             return Verdict()

@@ -96,7 +96,7 @@ class Policies:
                 "lower --lr or check the data for extreme values")
         # Preempted: checkpoint where every rank stands and leave with a retryable status.
         saved = save(position)
-        self.saver.wait()
+        self.saver.wait(self.agreement.rank0s)
         if self.saver.directory is None:
             raise Preempted(f"stopped by SIGTERM at step {step}; progress is not kept "
                             "(checkpointing is off)", "set --checkpoint-dir so that a restart "

@@ -7,6 +7,12 @@ after: :meth:`Saver.clock_due`, :meth:`Saver.agreed_due`), so the ranks agree on
 without talking more; the save itself is collective in the Trainer (the epoch's loss sums are
 reduced), and rank 0 alone writes, on a background thread
 (:class:`trainer.components.checkpoint.AsyncWriter`).
+
+For an ``s3://`` dir each checkpoint is uploaded after its local write, retried
+(:mod:`trainer.components.retry`); one whose upload still fails mid-run is skipped with a
+warning and counted (``checkpoint/failed_saves``), training going on from the last durable one
+(``checkpoint/durable_step``); the one that ends the run (its last step, a SIGTERM) must be
+durable or the run stops with :class:`trainer.errors.CheckpointUnsaved`.
 """
 
 from __future__ import annotations
@@ -14,15 +20,17 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainer.components import checkpoint, storage
 from trainer.components import sharded_checkpoint as sharded
+from trainer.components.retry import Backoff
 from trainer.config import CheckpointConfig
 from trainer.data.loaders import forks_training_process
+from trainer.errors import CheckpointUnsaved, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +62,17 @@ class Saver:
     `epochs` epochs or `max_steps` steps (0: no limit), whichever comes first."""
 
     def __init__(self, cfg: CheckpointConfig, is_main: bool, *, epochs: int = 1,
-                 max_steps: int = 0) -> None:
+                 max_steps: int = 0,
+                 report: Callable[[Mapping[str, float], int], None] | None = None) -> None:
         self.epochs = epochs
         self.max_steps = max_steps
         self.directory = storage.local_dir(cfg.dir) if cfg.dir else None
         """None: checkpointing is off. For an ``s3://`` dir: the local staging folder, each
         checkpoint uploaded from there after its save (trainer.components.storage)."""
         self._upload = (functools.partial(storage.push_checkpoint, cfg.dir, keep=cfg.keep,
-                                          verify=checkpoint.problem_of_bytes)
+                                          verify=checkpoint.problem_of_bytes,
+                                          backoff=Backoff(cfg.upload_retries,
+                                                          cfg.upload_deadline_seconds))
                         if storage.is_remote(cfg.dir) else None)
         if self.directory is not None:
             # Created (and probed) now, not found missing at the first save after an epoch
@@ -85,6 +96,14 @@ class Saver:
         """The ranks agreed on a timed save: the next step saves."""
         self._epoch_end: tuple[int, bool] | None = None
         """(step, saved) decided by after_step for an epoch ending at that step."""
+        self._report = report
+        """Where the outcome of each save goes (the metrics' log), on rank 0."""
+        self._pending: int | None = None
+        """The step of the save submitted and not yet settled."""
+        self.durable_step: int | None = None
+        """The step of the newest checkpoint this run made durable (None: none yet)."""
+        self.failed_saves = 0
+        """Checkpoints skipped: their upload failed after every retry."""
 
     def done(self, step: int) -> bool:
         """`max_steps` is reached."""
@@ -103,6 +122,8 @@ class Saver:
         return self.at_epoch_end(step, self.final(step, epoch, ends_epoch=True))
 
     def after_step(self, step: int, epoch: int, ends_epoch: bool) -> Decision:
+        if self._pending is not None and not self.writer.in_flight():
+            self._settle(final=False)  # a finished save's outcome, reported at once
         save_now = not ends_epoch and self.due(step)
         final = self.final(step, epoch, ends_epoch)
         saved = save_now or (ends_epoch and self.at_epoch_end(step, final))
@@ -140,7 +161,9 @@ class Saver:
         self._last_save = time.monotonic()
         if self.directory is None or not self.is_main:
             return None
+        self._settle(final=False)
         path = self.writer.submit(self.directory, step, state(), self.keep, then=self._upload)
+        self._pending = step
         log.debug("saved %s", path)
         return path
 
@@ -187,12 +210,56 @@ class Saver:
         if getattr(loader, "persistent_workers", False) and \
                 getattr(loader, "_iterator", None) is not None:
             return
-        self.wait()
+        self._settle(final=False)
 
-    def wait(self) -> None:
-        """Until the last checkpoint is durable (its write error, if any, is raised)."""
-        self.sharded.wait()
-        self.writer.wait()
+    def wait(self, share: Callable[[Any], Any] | None = None) -> None:
+        """Until the last checkpoint, the one that ends the run, is durable: its write error,
+        if any, is raised; an upload that failed every retry as CheckpointUnsaved. `share`
+        (:meth:`trainer.distributed.agreement.Agreement.rank0s`, a collective) makes rank 0's
+        verdict every rank's: all leave with its one line together, none before it (the
+        launcher would stop rank 0 while it still tries)."""
+        problem = None
+        try:
+            self._settle(final=True)
+        except CheckpointUnsaved as exc:
+            problem = (exc.problem, exc.fix)
+        if share is not None:
+            problem = share(problem)
+        if problem is not None:
+            raise CheckpointUnsaved(*problem)
+
+    def _settle(self, final: bool) -> None:
+        """Wait for the save in flight; report its outcome. A failed upload mid-run (not
+        `final`) is a warning: the run goes on from the last durable checkpoint."""
+        step, self._pending = self._pending, None
+        self.sharded.wait()  # a sharded save is local: nothing to upload, nothing to retry
+        try:
+            self.writer.wait()
+        except StorageError as exc:
+            assert step is not None  # only a submitted save uploads
+            if final:
+                raise CheckpointUnsaved(
+                    f"the checkpoint of step {step} could not be uploaded: {exc.problem}; "
+                    f"{self._last_durable()}", exc.fix) from None
+            self.failed_saves += 1
+            log.warning("checkpoint of step %d skipped, training goes on (%s): %s", step,
+                        self._last_durable(), exc.problem)
+            self._send({"checkpoint/failed_saves": 1.0}, step)
+            return
+        if step is not None:
+            self.durable_step = step
+            self._send({"checkpoint/durable_step": float(step)}, step)
+
+    def _last_durable(self) -> str:
+        if self.durable_step is None:
+            return "no checkpoint of this run is durable yet (a restart resumes from an " \
+                   "earlier run's, if any)"
+        path = checkpoint.checkpoint_path(self.directory or Path(), self.durable_step)
+        return f"the last durable checkpoint is step {self.durable_step}, {self.shown(path)}"
+
+    def _send(self, values: Mapping[str, float], step: int) -> None:
+        if self._report is not None:
+            self._report(values, step)
 
     def close(self) -> None:
         try:

@@ -190,7 +190,8 @@ class Trainer:
                 self.last_eval = self._validate()
             beacon = self.loop.beacon
             beacon.enter(CHECKPOINT, p.step)
-            self.loop.saver.wait()  # the final checkpoint is durable before the summary says done
+            # the final checkpoint is durable before the summary says done, on every rank
+            self.loop.saver.wait(self.loop.agreement.rank0s)
             beacon.enter(AGREEMENT, p.step)
             self.loop.agreement.drain()
         finally:

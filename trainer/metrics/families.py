@@ -201,12 +201,24 @@ class TrainerMetrics:
         # Only rank 0 saves checkpoints and reports the job-wide validation result: other
         # ranks would export series that stay 0 forever or duplicate rank 0's.
         self.last_checkpoint: Gauge | None = None
+        self.durable_checkpoint: Gauge | None = None
+        self.failed_saves: Counter | None = None
         self.global_loss: Gauge | None = None
         self.global_accuracy: Gauge | None = None
         if is_rank0:
             self.last_checkpoint = gauge(
                 "trainer_last_checkpoint_timestamp_seconds",
                 "Unix time of the last checkpoint saved (rank 0 only; 0 before the first).",
+            )
+            self.durable_checkpoint = gauge(
+                "trainer_checkpoint_durable_step",
+                "Step of the newest checkpoint this run made durable: written, and uploaded "
+                "for an s3:// checkpoint.dir (rank 0 only; 0 before the first).",
+            )
+            self.failed_saves = counter(
+                "trainer_checkpoint_failed_saves",
+                "Checkpoints skipped because their upload failed after every retry; training "
+                "went on from the last durable one (rank 0 only).",
             )
             self.global_loss = Gauge(
                 "trainer_global_loss",
@@ -273,6 +285,7 @@ class TrainerMetrics:
             self.last_step,
             self.resumed_step,
             self.last_checkpoint,
+            self.durable_checkpoint,
             self.global_loss,
             self.global_accuracy,
             self.cuda_allocated,
@@ -311,6 +324,7 @@ class TrainerMetrics:
         }
         optional: dict[str, Gauge | None] = {
             "checkpoint/last_timestamp": self.last_checkpoint,
+            "checkpoint/durable_step": self.durable_checkpoint,
             "val/global_loss": self.global_loss,
             "val/global_accuracy": self.global_accuracy,
             "train/accuracy": self.accuracy.get("train"),
@@ -321,6 +335,8 @@ class TrainerMetrics:
         for key, target in optional.items():
             if target is not None:
                 self._handlers[key] = self._setter(target)
+        if self.failed_saves is not None:
+            self._handlers["checkpoint/failed_saves"] = self._incrementer(self.failed_saves)
         for name, child in self.named.items():
             self._handlers[f"val/metric/{name}"] = self._setter(child)
         for name, child in self.global_named.items():

@@ -20,6 +20,7 @@ from trainer.components import checkpoint, restarts, sharding, storage
 from trainer.components.compiling import check_available
 from trainer.components.evaluation import evaluate
 from trainer.components.precision import Precision
+from trainer.components.retry import Backoff
 from trainer.components.steps import StepFn
 from trainer.components.tasks import task_of
 from trainer.config import JobConfig, saved_config
@@ -28,7 +29,7 @@ from trainer.data.loaders import eval_loader, worker_options
 from trainer.distributed.agreement import agree_resume, collective
 from trainer.distributed.preemption import StopFlag, linger
 from trainer.distributed.watchdog import watching
-from trainer.errors import CheckpointError, ConfigError, DataError, missing
+from trainer.errors import CheckpointError, ConfigError, DataError, StorageError, missing
 from trainer.export.files import export_run
 from trainer.loop.resume_check import training_state
 from trainer.metrics import RunInfo, build_metrics
@@ -209,8 +210,22 @@ def _staged_outputs(spec: str, rank: Rank) -> Path:
         rank.close_at_exit(lambda: storage.drop_staging(spec))
         if rank.ctx.rank == 0:
             storage.pull_outputs(spec)
-            rank.close_at_exit(lambda: storage.push_outputs(spec))
+            rank.close_at_exit(lambda: _push_outputs(spec, rank))
     return local
+
+
+def _push_outputs(spec: str, rank: Rank) -> None:
+    """Upload the outputs as rank 0 leaves. After a finished run each file must arrive
+    (retried as configured); after a failed one its own error is the line to show and the
+    grace period is spent already: one try, a failure only a warning."""
+    c = rank.cfg.checkpoint
+    if rank.completed:
+        storage.push_outputs(spec, Backoff(c.upload_retries, c.upload_deadline_seconds))
+        return
+    try:
+        storage.push_outputs(spec, Backoff(retries=0))
+    except StorageError as exc:
+        log.warning("outputs of the failed run not uploaded: %s", exc.problem)
 
 
 def _scored_checkpoint(path: str) -> dict[str, Any]:
