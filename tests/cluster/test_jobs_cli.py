@@ -19,6 +19,7 @@ from tests.cluster import sdk
 from tests.cluster.helm import Release, release_name
 from tests.cluster.jobs import (
     BIN,
+    KEEP_OUTPUTS,
     SHORT,
     TRAINJOB,
     assert_logs_by_rank,
@@ -291,3 +292,23 @@ def _connected(pid: int) -> bool:
     listed = subprocess.run(["ss", "-tnpH", "state", "established", "dst", api_endpoint()],
                             capture_output=True, text=True, check=False).stdout
     return f"pid={pid}," in listed
+
+
+def test_fetch_copies_a_finished_jobs_outputs_claim_and_names_an_empty_dir(
+        cluster: Cluster, chart_ref: str, tmp_path: Path, done: Release) -> None:
+    # `done` kept its outputs in an emptyDir: gone with its pods, said in one line.
+    gone = jobs("fetch", done.job, "-n", done.namespace, "--to", str(tmp_path / "none"))
+    assert_one_line(gone, EXIT_ERROR, "an emptyDir: they went with its pods")
+    kept = waited_by_the_cli(Release(cluster, release_name(), cluster.namespace("fetch"),
+                                     merged(SHORT, KEEP_OUTPUTS)), chart_ref, tmp_path)
+    got = jobs("fetch", kept.job, "-n", kept.namespace, "--to", str(tmp_path / "got"))
+    assert got.returncode == 0, got.stderr
+    assert "from claim " in got.stdout, got.stdout
+    summary = yaml.safe_load((tmp_path / "got" / "summary.json").read_text())
+    scored = yaml.safe_load((tmp_path / "got" / "eval.json").read_text())
+    assert summary["val_correct"] == scored["correct"] and summary["steps"] > 0
+    assert (tmp_path / "got" / "model" / "model.safetensors").stat().st_size > 0
+    # the pod that mounted the claim is gone
+    left = cluster.kubectl("get", "pods", "-n", kept.namespace, "-l",
+                           "app.kubernetes.io/component=fetch", "-o", "name").stdout
+    assert left.strip() == "", left

@@ -107,6 +107,12 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-interval", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between checks (default: %(default)s)")
 
+    p = add("fetch", commands.cmd_fetch,
+            "copy a job's outputs (summary.json, eval.json, steps.jsonl, the exported model/) "
+            "into a local folder, from its bucket (storage.s3) or its outputs claim")
+    _name(p)
+    p.add_argument("--to", required=True, metavar="DIR", help="the local folder to fill")
+
     p = add("delete", commands.cmd_delete, "delete a job (the controller removes its pods)")
     _name(p)
     p = add("suspend", commands.cmd_suspend,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
-from trainer.jobs import logs, prom, queue, render
+from trainer.jobs import fetch, logs, prom, queue, render
 from trainer.jobs.arguments import check_namespace, parse_duration
 from trainer.jobs.errors import (
     EXIT_FAILED,
@@ -219,4 +220,19 @@ def _set_suspend(args: argparse.Namespace, suspend: bool) -> int:
                         kind, args.name):
         cluster.merge_patch(kind, args.name, kind.suspend_patch(suspend))
     print(f"{kind.singular}.{kind.group}/{args.name} {verb}")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    cluster = cluster_from(args)
+    kind, job = find_job(cluster, args.name, requested(args))
+    if not job.finished:
+        print(f"warning: {kind.singular} {args.name} has not finished ({job.state}): its "
+              "outputs may be partial or absent", file=sys.stderr)
+    with cluster.errors(f"get {kind.singular} {args.name}", kind, args.name):
+        raw = cluster.get(kind, args.name)
+    source = fetch.fetch(cluster, kind, raw, Path(args.to))
+    files = sorted(p for p in Path(args.to).rglob("*") if p.is_file())
+    print(f"fetched {len(files)} files of {kind.singular} {args.name} from {source} "
+          f"into {args.to}")
     return 0
