@@ -120,7 +120,12 @@ def master_checkpoints(release: Release) -> list[Path]:
 
 
 def _checkpoint_files(folder: Path | None) -> list[Path]:
-    return sorted(folder.glob("ckpt-*.pt")) if folder else []
+    """Single files, and an FSDP run's sharded folders (`ckpt-<step>.dcp`, listed once
+    complete), by step."""
+    if folder is None:
+        return []
+    return sorted((*folder.glob("ckpt-*.pt"), *folder.glob("ckpt-*.dcp")),
+                  key=lambda f: f.stem)
 
 
 def checkpoint_folder(release: Release) -> Path | None:

@@ -74,6 +74,29 @@ def test_a_deleted_worker_pod_is_recreated_and_the_run_ends_as_uninterrupted(
     assert restarts(release, release.pod("master"))[0] >= 1
 
 
+def test_an_fsdp_job_resumes_from_its_sharded_checkpoint_as_uninterrupted(
+        cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
+    # train.strategy fsdp with the checkpoints on a claim both pods mount (one node here):
+    # each rank writes its shard (ckpt-<step>.dcp). The Worker pod deleted mid-run; the job
+    # ends with exactly the numbers of the same run uninterrupted, which runs beside it.
+    fsdp = {"trainerConfig": {"train": {"strategy": "fsdp"}}}
+    base = run(cluster, chart_ref, tmp_path, "fsdpbase", KEEP_RESULTS, fsdp)
+    release = run(cluster, chart_ref, tmp_path, "fsdpdel", KEEP_RESULTS, fsdp)
+    step = wait_for_checkpoints(release, MID_RUN)
+    assert all(f.suffix == ".dcp" and (f / "COMPLETE").is_file()
+               for f in master_checkpoints(release)), master_checkpoints(release)
+    worker = uid(release, "worker")
+    cluster.kubectl("delete", "pod", release.pod("worker"), "-n", release.namespace,
+                    "--wait=false")
+    wait_until(lambda: uid(release, "worker") not in (None, worker), "a new Worker pod")
+    got, want = finished(release), finished(base)
+    want.assert_agrees()
+    assert_same_as(got, want)
+    assert got.summary["resumed_from_step"] >= step
+    for done in (base, release):
+        cluster.kubectl("delete", "namespace", done.namespace, "--wait=false")
+
+
 def test_a_sigkilled_worker_restarts_in_place_and_the_run_ends_as_uninterrupted(
         cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished) -> None:
     release = run(cluster, chart_ref, tmp_path, "sigkill", KEEP_OUTPUTS)
