@@ -304,10 +304,12 @@ def test_fetch_copies_a_finished_jobs_outputs_claim_and_names_an_empty_dir(
     got = jobs("fetch", kept.job, "-n", kept.namespace, "--to", str(tmp_path / "got"))
     assert got.returncode == 0, got.stderr
     assert "from claim " in got.stdout, got.stdout
+    got_files = {p.relative_to(tmp_path / "got").as_posix()
+                 for p in (tmp_path / "got").rglob("*") if p.is_file()}
+    assert got_files == {"summary.json", "steps.jsonl", "model/model.safetensors",
+                         "model/ddp-trainer.json"}, got_files
     summary = yaml.safe_load((tmp_path / "got" / "summary.json").read_text())
-    scored = yaml.safe_load((tmp_path / "got" / "eval.json").read_text())
-    assert summary["val_correct"] == scored["correct"] and summary["steps"] > 0
-    assert (tmp_path / "got" / "model" / "model.safetensors").stat().st_size > 0
+    assert summary["steps"] > 0 and summary["val_total"] == 359, summary
     # the pod that mounted the claim is gone
     left = cluster.kubectl("get", "pods", "-n", kept.namespace, "-l",
                            "app.kubernetes.io/component=fetch", "-o", "name").stdout

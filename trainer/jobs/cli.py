@@ -108,7 +108,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
                    help="seconds between checks (default: %(default)s)")
 
     p = add("fetch", commands.cmd_fetch,
-            "copy a job's outputs (summary.json, eval.json, steps.jsonl, the exported model/) "
+            "copy a job's outputs (summary.json, steps.jsonl, the exported model/) "
             "into a local folder, from its bucket (storage.s3) or its outputs claim")
     _name(p)
     p.add_argument("--to", required=True, metavar="DIR", help="the local folder to fill")

@@ -1,4 +1,4 @@
-"""`jobs fetch NAME --to DIR`: a job's outputs (``summary.json``, ``eval.json``,
+"""`jobs fetch NAME --to DIR`: a job's outputs (``summary.json``,
 ``steps.jsonl``, ``model/``) copied into a local folder from where the job wrote them, as its
 pod template says: its bucket (an ``s3://`` ``output.dir``, the chart's ``storage.s3``) with
 s3fs, or its outputs claim (``persistence.outputs``) through a short-lived pod that mounts it
@@ -206,7 +206,9 @@ def _from_claim(cluster: Cluster, spec: dict[str, Any], claim: str, to: Path,
     try:
         _wait_running(cluster, name, claim)
         client = stream(cluster.core.connect_get_namespaced_pod_exec, name, cluster.namespace,
-                        command=["tar", "cf", "-", "-C", MOUNT, "."], stderr=True, stdin=False,
+                        # the run's lock on its directories is no output
+                        command=["tar", "cf", "-", "--exclude=./.ddp-trainer.lock", "-C", MOUNT,
+                                 "."], stderr=True, stdin=False,
                         stdout=True, tty=False, binary=True, _preload_content=False)
         out = io.BytesIO()
         while client.is_open():
