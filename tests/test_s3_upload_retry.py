@@ -239,8 +239,12 @@ def _line(stderr: str, ckpt: str) -> re.Match[str]:
 
 def test_a_store_down_at_the_end_of_training_exits_203_and_the_rerun_resumes_the_durable_one(
         s3_env: SeaweedS3, tmp_path: Path) -> None:
+    # 2000 steps, a checkpoint every 100: ~10 s of training after the first checkpoint even
+    # before the store dies (then each save waits out its retry), for the listing that spots
+    # that checkpoint on a loaded machine (400 steps took 2 s, and the run ended first once)
     ckpt, out = s3_env.url("end-down/ckpt"), s3_env.url("end-down/out")
-    proc = _start(s3_env, tmp_path, ckpt, out, "--epochs", "20", "--max-steps", "400")
+    longer = ("--epochs", "100", "--max-steps", "2000", "--checkpoint-every", "100")
+    proc = _start(s3_env, tmp_path, ckpt, out, *longer)
     try:
         durable = _kill_after_first_checkpoint(s3_env, proc, ckpt)
         _, stderr = proc.communicate(timeout=240)
@@ -254,11 +258,11 @@ def test_a_store_down_at_the_end_of_training_exits_203_and_the_rerun_resumes_the
     s3_env.restart()
     # what was durable when the store died is kept (an upload under way then may have landed)
     after = _checkpoints(s3_env, ckpt)
-    assert set(durable) <= set(after) and "ckpt-000000400.pt" not in after
-    assert int(verdict[1]) == 400 and f"ckpt-{int(verdict[2]):09d}.pt" == after[-1]
+    assert set(durable) <= set(after) and "ckpt-000002000.pt" not in after
+    assert int(verdict[1]) == 2000 and f"ckpt-{int(verdict[2]):09d}.pt" == after[-1]
 
-    rerun = run_cli("run", *COMMON, "--epochs", "20", "--max-steps", "400", "--output-dir", out,
-                    "--checkpoint-dir", ckpt, env=s3_env.env)
+    rerun = run_cli("run", *COMMON, *longer, "--output-dir", out, "--checkpoint-dir", ckpt,
+                    env=s3_env.env)
     assert rerun.returncode == 0, rerun.stderr
     assert f"resumed from {after[-1]}: step {int(verdict[2])}" in rerun.stderr
 
