@@ -49,9 +49,7 @@ VARIABLES = {
     "__rate_interval": "10s",
 }
 # Panels that legitimately have no data on this run (CPU only).
-# CUDA memory: CPU ranks; the queue row: a job Kueue admitted (tests/cluster/test_kueue.py).
-MAY_BE_EMPTY = {"CUDA memory per rank", "Time queued before this run",
-                "Preemptions and evictions"}
+MAY_BE_EMPTY = {"CUDA memory per rank"}
 
 
 def start_run(port: int, tmp: Path, *extra: str, linger: float = 0) -> subprocess.Popen[str]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from trainer.metrics.phases import PhaseMetrics
+from trainer.metrics.queueing import QueueMetrics
 
 log = logging.getLogger(__name__)
 
@@ -137,19 +138,6 @@ class TrainerMetrics:
             "back: a CPU limit, or a quota cut by hand. While a rank is throttled, the step "
             "function times of ranks sharing its cores are not comparable.",
         )
-        self.queue_wait = gauge(
-            "trainer_queue_wait_seconds",
-            "Seconds the job's Kueue Workload waited for the admission this run started "
-            "under (since it was made, or requeued after an eviction); set by rank 0 under "
-            "Kueue, else 0.")
-        self.queue_evictions = gauge(
-            "trainer_queue_evictions",
-            "Times Kueue evicted the job before this run (any reason); set by rank 0 under "
-            "Kueue, else 0.")
-        self.queue_preemptions = gauge(
-            "trainer_queue_preemptions",
-            "Times Kueue evicted the job before this run to admit a higher-priority one; "
-            "set by rank 0 under Kueue, else 0.")
         self.restarts = counter(
             "trainer_restarts",
             "Restarts of the worker group (TORCHELASTIC_RESTART_COUNT) or of the pod "
@@ -318,9 +306,6 @@ class TrainerMetrics:
             "val/loss": self._setter(self.loss["val"]),
             "run/restarts": self._set_restarts,
             "run/resumed_step": self._setter(self.resumed_step),
-            "queue/wait_seconds": self._setter(self.queue_wait),
-            "queue/evictions": self._setter(self.queue_evictions),
-            "queue/preemptions": self._setter(self.queue_preemptions),
         }
         optional: dict[str, Gauge | None] = {
             "checkpoint/last_timestamp": self.last_checkpoint,
@@ -343,6 +328,8 @@ class TrainerMetrics:
             self._handlers[f"val/global_metric/{name}"] = self._setter(child)
         self.phases = PhaseMetrics(registry, rank)
         self._handlers.update(self.phases.handlers(self._scalar))
+        if is_rank0:
+            self._handlers.update(QueueMetrics(registry, rank).handlers(self._scalar))
 
     def set_restarts_baseline(self, already_counted: float) -> None:
         """Restarts already counted for this rank by earlier (dead) processes.
