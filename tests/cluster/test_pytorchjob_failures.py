@@ -370,12 +370,14 @@ def rank_pods(release: Release) -> list[str]:
         "-o", "jsonpath={.items[0].metadata.name}").stdout for index in (0, 1)]
 
 
-# Each kind with another hang: the Worker sleeping in the user's step; the TrainJob's node 1
-# calling a barrier its peer never calls (a desync), which the verdict names at its line too.
-@pytest.mark.parametrize(("kind", "step"), [("PyTorchJob", "step"), ("TrainJob", "desync_step")])
+# Each kind with another hang: the Worker sleeping in the user's step (the verdict names the
+# innermost user function, the step's `_block`); the TrainJob's node 1 calling a barrier its
+# peer never calls (a desync), named at its line in `desync_step`.
+@pytest.mark.parametrize(("kind", "step", "named"), [("PyTorchJob", "step", "_block"),
+                                                     ("TrainJob", "desync_step", "desync_step")])
 def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninterrupted(
         cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished,
-        kind: str, step: str) -> None:
+        kind: str, step: str, named: str) -> None:
     # The Worker (rank 1) blocks for ever in the user's step at its 400th call, once per pod
     # (a file beside its checkpoints marks it). Its watchdog and the Master's find no rank
     # moving for 15 s, print their stacks, leave the verdict as each pod's termination message,
@@ -414,7 +416,7 @@ def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninte
         assert last["exitCode"] == 142, (pod, last)
         line = last["message"].strip()
         assert line.startswith("error: hang: rank 1 (pod ") and "in user code" in line \
-            and "hangs.py:" in line and f"in {step}" in line and "rank 0 waits for it" in line, \
+            and "hangs.py:" in line and f"in {named}" in line and "rank 0 waits for it" in line, \
             (pod, line)
     got = finished(release)
     assert_same_as(got, uninterrupted)
