@@ -48,9 +48,11 @@ def is_remote(spec: str | os.PathLike[str] | None) -> bool:
 
 class Store:
     """One ``s3://bucket/prefix``: objects by name below the prefix; every failure is one
-    :class:`StorageError` line naming the URL and the operation."""
+    :class:`StorageError` line naming the URL and the operation. `client`: s3fs's own
+    arguments (``key``, ``secret``, ``endpoint_url``, ...) where the AWS variables of this
+    process are not the ones to use (`jobs fetch` with a job's credentials)."""
 
-    def __init__(self, url: str, what: str) -> None:
+    def __init__(self, url: str, what: str, **client: Any) -> None:
         root = url[len(SCHEME):].strip("/")
         if not root or root.startswith("/"):
             raise ConfigError(f"{what}: {url} names no bucket", "use s3://BUCKET[/PREFIX]")
@@ -67,7 +69,7 @@ class Store:
         # seconds, not a minute of botocore's and s3fs's retries stacked; a read timeout, so
         # that a store that accepts and never answers (stopped, overloaded) ends a try too
         # (trainer.components.retry tries again).
-        self.fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False,
+        self.fs = s3fs.S3FileSystem(**client, skip_instance_cache=True, use_listings_cache=False,
                                     config_kwargs={"connect_timeout": 5, "read_timeout": 30,
                                                    "retries": {"max_attempts": 2}})
         self.fs.retries = 2

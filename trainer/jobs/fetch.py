@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from trainer.components import storage
 from trainer.jobs.errors import JobsError
 from trainer.jobs.kinds import Kind
 from trainer.jobs.kube import Cluster
@@ -136,7 +137,7 @@ def _env_of(cluster: Cluster, spec: dict[str, Any]) -> dict[str, str]:
 
 def _from_bucket(cluster: Cluster, spec: dict[str, Any], url: str, to: Path) -> None:
     try:
-        import s3fs  # noqa: PLC0415 - the `s3` extra
+        import s3fs  # noqa: F401, PLC0415 - the `s3` extra, named with the aws equivalent
     except ImportError:
         raise JobsError(f"the outputs are in {url}; reading it needs s3fs",
                         "pip install 'ddp-trainer[s3]', or: aws s3 cp --recursive "
@@ -149,12 +150,9 @@ def _from_bucket(cluster: Cluster, spec: dict[str, Any], url: str, to: Path) -> 
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or job_env.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_DEFAULT_REGION") or job_env.get("AWS_DEFAULT_REGION")
-    fs = s3fs.S3FileSystem(
-        key=var("AWS_ACCESS_KEY_ID"), secret=var("AWS_SECRET_ACCESS_KEY"),
-        endpoint_url=endpoint, client_kwargs={"region_name": region} if region else {},
-        skip_instance_cache=True, use_listings_cache=False,
-        config_kwargs={"connect_timeout": 5, "read_timeout": 30,
-                       "retries": {"max_attempts": 2}})
+    fs = storage.Store(
+        url, "jobs fetch", key=var("AWS_ACCESS_KEY_ID"), secret=var("AWS_SECRET_ACCESS_KEY"),
+        endpoint_url=endpoint, client_kwargs={"region_name": region} if region else {}).fs
     root = url[len("s3://"):].rstrip("/")
     try:
         names = fs.find(root)
