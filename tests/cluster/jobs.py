@@ -40,6 +40,13 @@ KEEP_OUTPUTS: dict[str, Any] = {"persistence": {
 SHORT: dict[str, Any] = {"trainerConfig": {"train": {"epochs": 4},
                                            "metrics": {"linger_seconds": 0}}}
 TRAINJOB: dict[str, Any] = {"apiKind": "TrainJob"}
+# The chart's defaults (1 Master + 1 Worker, `OnFailure`) sized for the tests, with epoch-end
+# checkpoints: 150 short epochs (about 20 s of training here) leave time to interrupt after the
+# second checkpoint, and to restart the operator and the API server in turn; a collective
+# stuck on a vanished peer fails after 60 s instead of 600 s; no metrics served on at the end.
+FAILOVER: dict[str, Any] = {"trainerConfig": {
+    "train": {"epochs": 150}, "checkpoint": {"every_seconds": 0},
+    "dist": {"timeout_seconds": 60}, "metrics": {"linger_seconds": 0}}}
 MID_RUN = 2  # checkpoints written before an interruption
 BIN = Path(sys.executable).parent
 

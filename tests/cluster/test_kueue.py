@@ -18,6 +18,7 @@ import yaml
 
 from tests.cluster.helm import HELM4, Release, helm, release_name
 from tests.cluster.jobs import (
+    FAILOVER,
     KEEP_RESULTS,
     MID_RUN,
     assert_same_as,
@@ -31,11 +32,9 @@ from tests.cluster.kube import STATE, Cluster, merged
 
 V = "kueue.x-k8s.io/v1beta2"
 FLAVOR, LOW, HIGH = "test-flavor", "test-low", "test-high"
-# 150 short epochs as in test_pytorchjob_failures (about 20 s of training), epoch-end
-# checkpoints on a claim that outlives the pods Kueue's suspension deletes.
-RUN: dict[str, Any] = merged(KEEP_RESULTS, {"trainerConfig": {
-    "train": {"epochs": 150}, "checkpoint": {"every_seconds": 0},
-    "dist": {"timeout_seconds": 60}, "metrics": {"linger_seconds": 0}}})
+# The failover run (about 20 s of training), its epoch-end checkpoints on a claim that
+# outlives the pods Kueue's suspension deletes.
+RUN: dict[str, Any] = merged(KEEP_RESULTS, FAILOVER)
 
 
 def _quantity(text: str) -> float:

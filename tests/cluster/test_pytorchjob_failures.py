@@ -12,6 +12,7 @@ import pytest
 
 from tests.cluster.helm import Release, release_name
 from tests.cluster.jobs import (
+    FAILOVER,
     KEEP_OUTPUTS,
     KEEP_RESULTS,
     MID_RUN,
@@ -31,14 +32,6 @@ from tests.cluster.jobs import (
 )
 from tests.cluster.kube import Cluster, KubectlError, merged, restart_process
 from tests.cluster.monitoring import FAST_SCRAPES, alerts_values, job_alerts, wait_for_alert
-
-# The chart's defaults (1 Master + 1 Worker, `OnFailure`) sized for the tests, with epoch-end
-# checkpoints: 150 short epochs (about 20 s of training here) leave time to interrupt after the
-# second checkpoint, and to restart the operator and the API server in turn; a collective
-# stuck on a vanished peer fails after 60 s instead of 600 s; no metrics served on at the end.
-FAILOVER: dict[str, Any] = {"trainerConfig": {
-    "train": {"epochs": 150}, "checkpoint": {"every_seconds": 0},
-    "dist": {"timeout_seconds": 60}, "metrics": {"linger_seconds": 0}}}
 
 
 def run(cluster: Cluster, chart_ref: str, tmp: Path, prefix: str,

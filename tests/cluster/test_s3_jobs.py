@@ -21,6 +21,7 @@ from tests.cluster.helm import Release, release_name
 from tests.cluster.jobs import (
     BIN,
     DONE,
+    FAILOVER,
     MID_RUN,
     Finished,
     assert_same_as,
@@ -30,10 +31,8 @@ from tests.cluster.jobs import (
 from tests.cluster.kube import Cluster, merged, node_paths
 from tools.cluster import seaweedfs
 
-# test_pytorchjob_failures.py's run, longer: two interruptions, each a pod made anew.
-FAILOVER: dict[str, Any] = {"trainerConfig": {
-    "train": {"epochs": 300}, "checkpoint": {"every_seconds": 0},
-    "dist": {"timeout_seconds": 60}, "metrics": {"linger_seconds": 0}}}
+# The failover run, longer: two interruptions, each a pod made anew.
+LONGER: dict[str, Any] = merged(FAILOVER, {"trainerConfig": {"train": {"epochs": 300}}})
 S3_VALUES: dict[str, Any] = {"storage": {"s3": {
     "bucket": seaweedfs.BUCKET, "endpoint": seaweedfs.ENDPOINT, "region": seaweedfs.REGION,
     "secretName": seaweedfs.SECRET}}}
@@ -59,7 +58,7 @@ def run(cluster: Cluster, chart_ref: str, tmp: Path, prefix: str) -> Release:
     cluster.apply({"apiVersion": "v1", "kind": "Secret",
                    "metadata": {"name": seaweedfs.SECRET, "namespace": namespace},
                    "data": secret["data"]})
-    release = Release(cluster, release_name(), namespace, merged(FAILOVER, S3_VALUES))
+    release = Release(cluster, release_name(), namespace, merged(LONGER, S3_VALUES))
     release.install(chart_ref, tmp=tmp)
     return release
 
