@@ -20,7 +20,7 @@ from conftest import REPO, free_port, read_json, run_cli
 from trainer.components import checkpoint
 
 FIXTURES = str(REPO / "tests" / "fixtures")
-LONG = ["--dataset", "digits", "--batch-size", "8", "--epochs", "4", "--log-every", "5",
+LONG = ["--dataset", "digits", "--batch-size", "8", "--epochs", "2", "--log-every", "5",
         "--checkpoint-every", "20", "--metrics-port", "0", "--set",
         "model.hidden_sizes=[512,512]"]
 

@@ -239,11 +239,12 @@ def _line(stderr: str, ckpt: str) -> re.Match[str]:
 
 def test_a_store_down_at_the_end_of_training_exits_203_and_the_rerun_resumes_the_durable_one(
         s3_env: SeaweedS3, tmp_path: Path) -> None:
-    # 2000 steps, a checkpoint every 100: ~10 s of training after the first checkpoint even
-    # before the store dies (then each save waits out its retry), for the listing that spots
-    # that checkpoint on a loaded machine (400 steps took 2 s, and the run ended first once)
+    # 2000 steps, a checkpoint every 500: 1500 steps (~8 s) after the first checkpoint even
+    # before the store dies, for the listing that spots that checkpoint on a loaded machine
+    # (400 steps took 2 s, and the run ended first once); then each save waits out its retry
+    # (~3 s), so few saves (every 100 took a minute)
     ckpt, out = s3_env.url("end-down/ckpt"), s3_env.url("end-down/out")
-    longer = ("--epochs", "100", "--max-steps", "2000", "--checkpoint-every", "100")
+    longer = ("--epochs", "100", "--max-steps", "2000", "--checkpoint-every", "500")
     proc = _start(s3_env, tmp_path, ckpt, out, *longer)
     try:
         durable = _kill_after_first_checkpoint(s3_env, proc, ckpt)

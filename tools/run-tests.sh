@@ -31,7 +31,7 @@ later_log=.cache/later.log
 LATER=(tests/examples/test_mytask.py tests/examples/test_causal_lm.py
        tests/test_readme_commands.py tests/test_training.py tests/data/test_images.py tests/data/test_tables.py tests/sampling/test_sampler_resume.py
        tests/robustness/test_nothing_lost.py tests/test_launch_trainer_v2.py
-       tests/metrics/test_trainjob_status_run.py)
+       tests/metrics/test_trainjob_status_run.py tests/test_fsdp.py tests/test_sharded_checkpoint.py)
 
 s3_log=.cache/s3server-build.log
 "$PY" -m tools.s3server >"$s3_log" 2>&1 &
