@@ -9,7 +9,9 @@
 #    (tests/cluster/test_two_nodes.py) run beside them in the background too: they assert
 #    outcomes, not timings, and mostly wait on the nodes (NotReady, eviction, a partition's
 #    timeout).
-# 2. The rest of tests/cluster then runs, one test at a time, on the first node. It leaves a
+# 2. The rest of tests/cluster then runs (once the cluster is up: on a fresh machine, whose
+#    Go builds outlast the other tests, beside the two-node tests), one test at a time, on
+#    the first node. It leaves a
 #    third of the cores idle (it waits on pods, operators and scrapes), so LATER, the longest
 #    whole-run tests outside tests/cluster with no timing of their own, run beside it as
 #    SCHED_IDLE: they take only what the cluster tests leave. At equal priority the cluster
@@ -36,32 +38,45 @@ LATER=(tests/examples/test_mytask.py tests/examples/test_causal_lm.py
 s3_log=.cache/s3server-build.log
 "$PY" -m tools.s3server >"$s3_log" 2>&1 &
 s3_build=$!
+# The cluster's state reaches this shell through a pipe opened read-write here (so the writer
+# never blocks): the rest of tests/cluster waits for the cluster, not for the two-node tests,
+# which on a fresh machine (the cluster's Go builds outlast the other tests) run beside them.
+up_pipe=.cache/cluster-up.pipe
+rm -f "$up_pipe" && mkfifo "$up_pipe" && exec 3<>"$up_pipe"
 {
-    { "$PY" -m tools.cluster up --nodes 2 && "$PY" -m tests.cluster.reserve; } >"$up_log" 2>&1 \
-        || exit 10
+    if { "$PY" -m tools.cluster up --nodes 2 && "$PY" -m tests.cluster.reserve; } \
+        >"$up_log" 2>&1; then
+        echo up >&3
+    else
+        echo down >&3
+        exit 10
+    fi
     "$PY" -m pytest -q -p no:cacheprovider --durations=5 "$TWO_NODES" >"$two_log" 2>&1 || exit 11
 } &
 background=$!
 status=0
 "$PY" -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=tests/cluster \
     "${LATER[@]/#/--ignore=}" || status=$?
-wait "$background"
-up_and_two=$?
+read -r cluster_state <&3
 cat "$up_log"
 chrt --idle 0 "$PY" -m pytest -q -p no:cacheprovider --durations=5 "${LATER[@]}" \
     >"$later_log" 2>&1 &
 later=$!
-if [ "$up_and_two" = 10 ]; then
+if [ "$cluster_state" != up ]; then
     echo "run-tests: the cluster did not come up (its log above); tests/cluster not run" >&2
     status=1
 else
-    cat "$two_log"
-    [ "$up_and_two" = 0 ] || status=1
     "$PY" -m pytest -q --durations=15 tests/cluster --ignore "$TWO_NODES" || status=$?
 fi
+wait "$background"
+up_and_two=$?
+[ "$up_and_two" = 10 ] || cat "$two_log"
+[ "$up_and_two" = 0 ] || status=1
 wait "$later" || status=1
 cat "$later_log"
 "$PY" -m tools.cluster down || status=1
+exec 3>&-
+rm -f "$up_pipe"
 wait "$s3_build" || status=1
 echo "SeaweedFS build (tools.s3server):"; cat "$s3_log"
 exit "$status"

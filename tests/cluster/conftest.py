@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.helm import release
-from tests.cluster.kube import Cluster, bring_up
+from tests.cluster.helm import Release, release, release_name
+from tests.cluster.jobs import FAILOVER, KEEP_OUTPUTS, Finished, finished
+from tests.cluster.kube import Cluster, bring_up, merged
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -27,6 +28,21 @@ def cluster() -> Cluster:
 def chart_ref(cluster: Cluster) -> str:
     """`make release` to the cluster's registry: the chart's oci:// reference."""
     return release(cluster)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(cluster: Cluster, chart_ref: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    """The failover run (tests/cluster/jobs.py) left alone: the numbers every interrupted run
+    of it must end with, whatever interrupted it and wherever its checkpoints were (a pod's
+    disk, a claim, the bucket). Once a session: a run is a minute of CI."""
+    base = Release(cluster, release_name(), cluster.namespace("base"),
+                   merged(FAILOVER, KEEP_OUTPUTS))
+    base.install(chart_ref, tmp=tmp_path_factory.mktemp("base"))
+    found = finished(base)
+    found.assert_agrees()
+    assert not found.summary.get("resumed_from_step")
+    return found
 
 
 @pytest.fixture

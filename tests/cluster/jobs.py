@@ -48,6 +48,11 @@ FAILOVER: dict[str, Any] = {"trainerConfig": {
     "train": {"epochs": 150}, "checkpoint": {"every_seconds": 0},
     "dist": {"timeout_seconds": 60}, "metrics": {"linger_seconds": 0}}}
 MID_RUN = 2  # checkpoints written before an interruption
+# The user's code, a ConfigMap named boom in the job's namespace, importable from /user.
+USER_MODULE: dict[str, Any] = {
+    "env": [{"name": "PYTHONPATH", "value": "/user"}],
+    "extraVolumes": [{"name": "user", "configMap": {"name": "boom"}}],
+    "extraVolumeMounts": [{"name": "user", "mountPath": "/user", "readOnly": True}]}
 BIN = Path(sys.executable).parent
 
 EVALUATE = """

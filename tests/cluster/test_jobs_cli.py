@@ -23,7 +23,6 @@ from tests.cluster.jobs import (
     SHORT,
     TRAINJOB,
     assert_logs_by_rank,
-    container_id,
     jobs,
     uid,
     wait_until,
@@ -109,12 +108,14 @@ def test_the_kubeflow_training_sdk_reads_and_waits_on_the_charts_job(done: Relea
 
 def test_suspend_deletes_the_pods_and_resume_runs_the_job_to_the_end(
         cluster: Cluster, chart_ref: str, tmp_path: Path) -> None:
-    # 20 short epochs (about 3 s of training), so the run is still going when it is
-    # suspended. It is suspended once its containers run: a pod deleted while its container
-    # is still being created stays Terminating for its whole grace period (120 s).
+    # 100 short epochs (about 10 s of training), so the run is still going when it is
+    # suspended. It is suspended once rank 0 has logged the global batch, which it does after
+    # the rendezvous, so both trainers handle SIGTERM by then: a pod deleted before its
+    # trainer does (PID 1 ignores what it has no handler for) stays Terminating for its whole
+    # grace period, 120 s (CI took 156 s once, suspending as soon as the containers ran).
     release = Release(cluster, release_name(), cluster.namespace("suspend"),
                       merged(SHORT, {"runPolicy": {"suspend": True},
-                                     "trainerConfig": {"train": {"epochs": 20}}}))
+                                     "trainerConfig": {"train": {"epochs": 100}}}))
     release.install(chart_ref, tmp=tmp_path)
     ns = release.namespace
     cluster.wait(f"pytorchjob/{release.job}", "condition=Suspended", ns)
@@ -123,7 +124,8 @@ def test_suspend_deletes_the_pods_and_resume_runs_the_job_to_the_end(
     assert resumed.returncode == 0, resumed.stderr
     for replica in ("master", "worker"):
         wait_until(lambda r=replica: uid(release, r) is not None, f"the {replica} pod")
-        container_id(release, release.pod(replica))
+    wait_until(lambda: "INFO global batch " in cluster.kubectl(
+        "logs", release.pod("master"), "-n", ns, check=False).stdout, "the ranks' rendezvous")
     suspended = jobs("suspend", release.job, "-n", ns)
     assert suspended.returncode == 0, suspended.stderr
     cluster.wait(f"pytorchjob/{release.job}", "condition=Suspended", ns)

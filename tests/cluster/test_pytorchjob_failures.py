@@ -4,11 +4,8 @@ seed). And what the v1.9.4 operator really does under `restartPolicy: ExitCode`.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.cluster.helm import Release, release_name
 from tests.cluster.jobs import (
@@ -16,10 +13,10 @@ from tests.cluster.jobs import (
     KEEP_OUTPUTS,
     KEEP_RESULTS,
     MID_RUN,
+    USER_MODULE,
     Finished,
     assert_same_as,
     finished,
-    jobs,
     kill_container,
     kill_containers,
     master_checkpoints,
@@ -40,16 +37,6 @@ def run(cluster: Cluster, chart_ref: str, tmp: Path, prefix: str,
                       merged(FAILOVER, *layers))
     release.install(chart_ref, tmp=tmp)
     return release
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(cluster: Cluster, chart_ref: str,
-                  tmp_path_factory: pytest.TempPathFactory) -> Finished:
-    release = run(cluster, chart_ref, tmp_path_factory.mktemp("base"), "base", KEEP_OUTPUTS)
-    found = finished(release)
-    found.assert_agrees()
-    assert not found.summary.get("resumed_from_step")
-    return found
 
 
 def test_a_deleted_worker_pod_is_recreated_and_the_run_ends_as_uninterrupted(
@@ -293,10 +280,6 @@ class Hog(Boom):
     def forward(self, x):
         return super().forward(x) + torch.ones(400_000_000)[0]
 """
-USER_MODULE: dict[str, Any] = {
-    "env": [{"name": "PYTHONPATH", "value": "/user"}],
-    "extraVolumes": [{"name": "user", "configMap": {"name": "boom"}}],
-    "extraVolumeMounts": [{"name": "user", "mountPath": "/user", "readOnly": True}]}
 USER_CODE = merged(USER_MODULE, {"trainerConfig": {"model": {"name": "boom:Boom"}}})
 # A model whose forward allocates 1.6 GB under a 1 GiB limit: the kernel's OOM killer ends the
 # trainer before it can say anything. (Built-in models too large for the memory left fail
@@ -346,78 +329,3 @@ def test_each_exit_class_is_the_termination_message_and_named_by_jobs_status(
     assert "train.epochs" in described, described
     for release in releases.values():
         cluster.kubectl("delete", "namespace", release.namespace, "--wait=false")
-
-
-HANG_CODE = (Path(__file__).resolve().parents[1] / "fixtures" / "hangs.py").read_text()
-
-
-def rank_pods(release: Release) -> list[str]:
-    """The job's pods by node rank: Master and Worker, or the TrainJob's nodes 0 and 1
-    (JobSet's Job pods, named with a random suffix)."""
-    if release.kind == "pytorchjob":
-        return [release.pod("master"), release.pod("worker")]
-    return [release.cluster.kubectl(
-        "get", "pods", "-n", release.namespace, "-l",
-        f"jobset.sigs.k8s.io/jobset-name={release.job},"
-        f"batch.kubernetes.io/job-completion-index={index}",
-        "-o", "jsonpath={.items[0].metadata.name}").stdout for index in (0, 1)]
-
-
-# Each kind with another hang: the Worker sleeping in the user's step (the verdict names the
-# innermost user function, the step's `_block`); the TrainJob's node 1 calling a barrier its
-# peer never calls (a desync), named at its line in `desync_step`.
-@pytest.mark.parametrize(("kind", "step", "named"), [("PyTorchJob", "step", "_block"),
-                                                     ("TrainJob", "desync_step", "desync_step")])
-def test_a_rank_hung_in_user_code_is_named_alerted_and_the_job_resumes_as_uninterrupted(
-        cluster: Cluster, chart_ref: str, tmp_path: Path, uninterrupted: Finished,
-        kind: str, step: str, named: str) -> None:
-    # The Worker (rank 1) blocks for ever in the user's step at its 400th call, once per pod
-    # (a file beside its checkpoints marks it). Its watchdog and the Master's find no rank
-    # moving for 15 s, print their stacks, leave the verdict as each pod's termination message,
-    # serve trainer_hung for 10 s (the alert's scrapes) and exit 142; OnFailure restarts both
-    # containers, which resume from the Master's newest checkpoint.
-    namespace = cluster.namespace("hang")
-    cluster.apply({"apiVersion": "v1", "kind": "ConfigMap",
-                   "metadata": {"name": "boom", "namespace": namespace},
-                   "data": {"hangs.py": HANG_CODE}})
-    release = Release(cluster, release_name(), namespace, merged(
-        FAILOVER, KEEP_OUTPUTS, USER_MODULE, FAST_SCRAPES,
-        {"apiKind": kind, "trainerConfig": {"train": {"step": f"hangs:{step}"},
-                           "dist": {"hang_seconds": 15},
-                           "metrics": {"linger_seconds": 10}},
-         "env": [{"name": "PYTHONPATH", "value": "/user"},
-                 {"name": "HANG_AT", "value": "400"},
-                 {"name": "HANG_ONCE", "value": "/checkpoints/hung-once"}]}))
-    release.install(chart_ref, tmp=tmp_path)
-    alert = wait_for_alert(release, "DDPTrainerRankHung", timeout=240, labels={"rank": "1"})
-    assert alert["labels"]["phase"] == "step", alert
-    ended: dict[str, dict[str, Any]] = {}
-
-    def restarted() -> bool:
-        # the hung attempt's end: the container's last state, read while the pods exist (the
-        # operator may delete them once the job has succeeded)
-        for pod in rank_pods(release):
-            with contextlib.suppress(KubectlError):
-                (container,) = cluster.get("pod", pod, namespace)["status"]["containerStatuses"]
-                last = container.get("lastState", {}).get("terminated")
-                if last:
-                    ended[pod] = last
-        return len(ended) == 2
-
-    wait_until(restarted, "both ranks' containers restarted after the hang")
-    for pod, last in ended.items():
-        assert last["exitCode"] == 142, (pod, last)
-        line = last["message"].strip()
-        assert line.startswith("error: hang: rank 1 (pod ") and "in user code" in line \
-            and "hangs.py:" in line and f"in {named}" in line and "rank 0 waits for it" in line, \
-            (pod, line)
-    got = finished(release)
-    assert_same_as(got, uninterrupted)
-    status = jobs("status", release.job, "-n", namespace).stdout
-    assert "Hung:        rank 1 (pod " in status, status
-    # the Warning event on the job (the chart's Role: create events, get the job)
-    warnings = status.split("Warnings:")[1]
-    assert f"{kind}/{release.job}" in warnings and "RankHung" in warnings, status
-    described = cluster.kubectl("describe", release.kind, release.job, "-n", namespace).stdout
-    assert "RankHung" in described, described
-    cluster.kubectl("delete", "namespace", namespace, "--wait=false")

@@ -1,8 +1,9 @@
 """The chart's PyTorchJob with its checkpoints and outputs in the cluster's SeaweedFS
 (`storage.s3`, docs/checkpoints.md), no claim and no emptyDir for either: its Worker pod and
-then its Master pod deleted mid-run, it ends exactly as an uninterrupted run on the same store,
-and the model it exported into the bucket loads with `safetensors` alone and scores what
-`ddp-trainer evaluate` of its final checkpoint (eval.json) does."""
+then its Master pod deleted mid-run, it ends exactly as the same run left alone with its
+checkpoints on disk (conftest's `uninterrupted`), and the model it exported into the bucket
+loads with `safetensors` alone and scores what `ddp-trainer evaluate` of its final checkpoint
+(eval.json) does."""
 
 from __future__ import annotations
 
@@ -31,8 +32,6 @@ from tests.cluster.jobs import (
 from tests.cluster.kube import Cluster, merged, node_paths
 from tools.cluster import seaweedfs
 
-# The failover run, longer: two interruptions, each a pod made anew.
-LONGER: dict[str, Any] = merged(FAILOVER, {"trainerConfig": {"train": {"epochs": 300}}})
 S3_VALUES: dict[str, Any] = {"storage": {"s3": {
     "bucket": seaweedfs.BUCKET, "endpoint": seaweedfs.ENDPOINT, "region": seaweedfs.REGION,
     "secretName": seaweedfs.SECRET}}}
@@ -58,7 +57,7 @@ def run(cluster: Cluster, chart_ref: str, tmp: Path, prefix: str) -> Release:
     cluster.apply({"apiVersion": "v1", "kind": "Secret",
                    "metadata": {"name": seaweedfs.SECRET, "namespace": namespace},
                    "data": secret["data"]})
-    release = Release(cluster, release_name(), namespace, merged(LONGER, S3_VALUES))
+    release = Release(cluster, release_name(), namespace, merged(FAILOVER, S3_VALUES))
     release.install(chart_ref, tmp=tmp)
     return release
 
@@ -131,16 +130,6 @@ def model_accuracy(model: Path) -> float:
 @pytest.fixture(scope="module")
 def fs(cluster: Cluster) -> Any:
     return store()
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(cluster: Cluster, chart_ref: str, fs: Any,
-                  tmp_path_factory: pytest.TempPathFactory) -> Finished:
-    tmp = tmp_path_factory.mktemp("s3base")
-    found, _ = finished(fs, run(cluster, chart_ref, tmp, "s3base"), tmp)
-    found.assert_agrees()
-    assert not found.summary.get("resumed_from_step")
-    return found
 
 
 def test_s3_job_with_worker_then_master_deleted_ends_as_uninterrupted_and_its_model_loads(
