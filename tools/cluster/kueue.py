@@ -30,7 +30,7 @@ MODULE = "sigs.k8s.io/kueue"
 FRAMEWORKS = ("kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob", "jobset.x-k8s.io/jobset")
 WAIT_FOR_PODS_READY_SECONDS = 60
 """Three times what the test cluster's pods take to pull from its local registry and start
-(~20 s); short, as the eviction test waits for it (120 s cost that test 2 more minutes of CI)."""
+(~20 s); short, as the eviction test waits it out."""
 REQUEUE_BACKOFF_SECONDS = (10, 60)  # base and cap of the requeue backoff after an eviction
 
 KUEUE = HostController(
