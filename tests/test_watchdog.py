@@ -5,6 +5,8 @@ phase metrics are exported (the whole runs: tests/robustness/test_hangs.py)."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +15,7 @@ import pytest
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
+from trainer import stacks
 from trainer.distributed.heartbeat import Heartbeat, LocalBoard, StoreBoard
 from trainer.distributed.phases import BACKWARD, DATA, STEP, VALIDATION, Beacon
 from trainer.distributed.verdict import Verdict, diagnose
@@ -212,3 +215,17 @@ def test_a_lost_peer_without_a_hang_verdict_is_settled_in_one_check_not_two_beat
     finally:
         dog.stop()
     assert not fired and took < 5.0, took
+
+
+def test_signalled_workers_have_printed_their_stacks_when_signal_workers_returns() -> None:
+    # A worker killed right after (as its rank leaves at once) must have printed already.
+    code = ("import faulthandler, signal, sys, threading; "
+            "faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True); "
+            "print('ready', flush=True); threading.Event().wait()")
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
+    assert stacks.signal_workers([worker.pid]) == [worker.pid]
+    worker.kill()
+    _, err = worker.communicate(timeout=30)
+    assert "most recent call first" in err and "in <module>" in err, err

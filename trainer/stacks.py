@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import TextIO
 
@@ -70,11 +71,28 @@ def dump(header: str, out: TextIO | None = None) -> None:
         out.flush()
 
 
-def signal_workers(pids: list[int]) -> list[int]:
-    """Ask DataLoader workers `pids` to print their stacks; those signalled."""
+def signal_workers(pids: list[int], within: float = 2.0) -> list[int]:
+    """Ask DataLoader workers `pids` to print their stacks; those signalled. Returns once
+    each has taken the signal (or after `within` seconds): a rank that left at once had its
+    workers killed before a loaded machine ran them, and their stacks were lost (a CI run)."""
     signalled = []
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, DUMP_SIGNAL)
             signalled.append(pid)
+    deadline = time.monotonic() + within
+    while any(_pending(pid) for pid in signalled) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return signalled
+
+
+def _pending(pid: int) -> bool:
+    """DUMP_SIGNAL is still pending for `pid` (its /proc status; False where there is none)."""
+    bit = 1 << (DUMP_SIGNAL - 1)
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            masks = [int(line.split()[1], 16) for line in status
+                     if line.startswith(("SigPnd:", "ShdPnd:"))]
+    except (OSError, ValueError, IndexError):
+        return False
+    return any(mask & bit for mask in masks)
