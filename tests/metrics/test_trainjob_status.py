@@ -103,7 +103,11 @@ def test_rate_limit_holds_and_the_final_report_after_completion_is_100(
     arrivals = [r.at for r in server.received]
     assert len(arrivals) >= 3
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
-    assert min(gaps) >= interval * 0.95, gaps  # server-side arrival times
+    # Server-side arrival times: one report delivered late shortens the next gap (0.379 s once
+    # in CI, on a loaded machine), but unlimited reports would arrive every 10 ms; over the
+    # run the reports keep to one an interval.
+    assert min(gaps) >= interval / 2, gaps
+    assert arrivals[-1] - arrivals[0] >= (len(arrivals) - 1) * interval * 0.95, gaps
     progress = [r.body["trainerStatus"]["progressPercentage"] for r in server.received]
     assert progress == sorted(progress)
     assert progress[-1] == 100 and max(progress[:-1]) <= 99
