@@ -22,7 +22,7 @@ def test_the_configuration_queues_the_charts_kinds_with_wait_for_pods_ready(
     assert config["apiVersion"] == "config.kueue.x-k8s.io/v1beta2"
     assert set(config["integrations"]["frameworks"]) == {
         "kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob", "jobset.x-k8s.io/jobset"}
-    assert config["waitForPodsReady"]["timeout"] == "60s"
+    assert config["waitForPodsReady"]["timeout"] == "120s"
     assert config["manageJobsWithoutQueueName"] is False  # unqueued jobs run as before
     assert config["webhook"]["port"] == 9446
     assert config["internalCertManagement"]["webhookSecretName"] == kueue.KUEUE.secret

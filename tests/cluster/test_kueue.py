@@ -218,7 +218,7 @@ def high_uid(release: Release) -> str:
 def test_a_job_whose_pods_never_all_start_is_evicted_and_requeued(
         cluster: Cluster, queue: str, tmp_path: Path) -> None:
     # An image tag the registry does not have: admitted, its pods never Ready (ErrImagePull).
-    # Kueue's waitForPodsReady (60 s, tools/cluster/kueue.py) evicts it, suspending the job:
+    # Kueue's waitForPodsReady (120 s, tools/cluster/kueue.py) evicts it, suspending the job:
     # its pods are deleted and its quota given back, not held by a half-started gang.
     stuck = submit(cluster, queue, tmp_path, {"image": {"tag": "no-such-tag"}})
     wait_until(lambda: condition(stuck, "Admitted").get("status") == "True", "admitted")

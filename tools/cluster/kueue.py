@@ -28,9 +28,9 @@ from tools.cluster.layout import KUEUE_MODULE, Paths
 
 MODULE = "sigs.k8s.io/kueue"
 FRAMEWORKS = ("kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob", "jobset.x-k8s.io/jobset")
-WAIT_FOR_PODS_READY_SECONDS = 60
-"""Three times what the test cluster's pods take to pull from its local registry and start
-(~20 s); short, as the eviction test waits it out."""
+WAIT_FOR_PODS_READY_SECONDS = 120
+"""Long enough for the test cluster's pods to pull from its local registry and start (~20 s);
+short enough that tests/cluster/test_kueue.py sees an eviction within minutes."""
 REQUEUE_BACKOFF_SECONDS = (10, 60)  # base and cap of the requeue backoff after an eviction
 
 KUEUE = HostController(
